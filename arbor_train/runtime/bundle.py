@@ -1,0 +1,150 @@
+"""The router bundle: a self-describing folder that carries one tuned role into the runtime.
+
+Layout (written by ``python -m arbor_train.export``, read here)::
+
+    <bundle>/
+      manifest.json      # required, see MANIFEST_FIELDS
+      adapter/           # PEFT adapter: adapter_config.json + adapter_model.safetensors
+                         #   (PeftModel.from_pretrained(base, "<bundle>/adapter") loads it)
+      merged/            # optional: base + adapter merged, safetensors (serve with vLLM / plain HF)
+      tokenizer/         # tokenizer files of the base model, as trained
+
+manifest.json::
+
+    {
+      "format": "arbormem-bundle", "format_version": 1,
+      "role": "reranker" | "extractor" | "tagger",
+      "kind": "cross_encoder" | "llm_scorer" | "causal_lm" | "encoder_multilabel",
+      "base_model": {"ref": "<model reference, see arbor_train.modelref>", "name": "<display name>"},
+      "adapter": "adapter" | null, "merged": "merged" | null, "tokenizer": "tokenizer",
+      "prompt_template": {"name": "...", "version": "1"},
+      "max_length": 256,
+      "labels": [...]            # tagger only: label order of the classification head
+      "kinds": [...]             # extractor only: which extraction kinds it writes
+      "metrics": {...}, "data_fingerprint": "sha256:...", "created_at": "ISO-8601",
+      "arbor_train_version": "x.y.z", "git_commit": "..."
+    }
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..prompts import KNOWN_TEMPLATES
+
+FORMAT = "arbormem-bundle"
+FORMAT_VERSION = 1
+ROLE_KINDS = {
+    "reranker": {"cross_encoder", "llm_scorer"},
+    "extractor": {"causal_lm"},
+    "tagger": {"encoder_multilabel", "causal_lm"},
+}
+MANIFEST_FIELDS = {
+    "format": str, "format_version": int, "role": str, "kind": str, "base_model": dict,
+    "tokenizer": str, "prompt_template": dict, "metrics": dict, "data_fingerprint": str,
+}
+
+
+class BundleError(ValueError):
+    pass
+
+
+@dataclass
+class Bundle:
+    path: Path
+    manifest: dict[str, Any]
+
+    @property
+    def role(self) -> str:
+        return self.manifest["role"]
+
+    @property
+    def kind(self) -> str:
+        return self.manifest["kind"]
+
+    @property
+    def base_ref(self) -> str:
+        return self.manifest["base_model"]["ref"]
+
+    def sub(self, name: str | None) -> Path | None:
+        return (self.path / name) if name else None
+
+    def load_model(self, prefer: str = "merged", base_override: str | None = None, device: str = "cpu"):
+        """Return (model, tokenizer) in eval mode: merged weights if present (and preferred), else base+adapter."""
+        from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+        from ..modelref import resolve
+
+        tok = AutoTokenizer.from_pretrained(str(self.sub(self.manifest["tokenizer"])))
+        causal = self.kind in {"llm_scorer", "causal_lm"}
+        cls = AutoModelForCausalLM if causal else AutoModelForSequenceClassification
+        kwargs: dict[str, Any] = {}
+        if not causal:
+            labels = self.manifest.get("labels")
+            kwargs["num_labels"] = len(labels) if labels else 1
+            if self.kind == "encoder_multilabel":
+                kwargs["problem_type"] = "multi_label_classification"
+        merged = self.sub(self.manifest.get("merged"))
+        if merged is not None and prefer == "merged" and merged.exists():
+            model = cls.from_pretrained(str(merged), **kwargs)
+        else:
+            adapter = self.sub(self.manifest.get("adapter"))
+            if adapter is None or not adapter.exists():
+                raise BundleError(f"bundle {self.path}: neither merged weights nor adapter/ present")
+            from peft import PeftModel
+
+            base = cls.from_pretrained(resolve(base_override or self.base_ref), **kwargs)
+            if causal and len(tok) != base.get_input_embeddings().weight.shape[0]:
+                base.resize_token_embeddings(len(tok))
+            model = PeftModel.from_pretrained(base, str(adapter))
+        return model.to(device).eval(), tok
+
+
+def load_bundle(path: str | Path, role: str | None = None, base_model: str | None = None) -> Bundle:
+    """Read and check a bundle's manifest; errors name the file and the field."""
+    p = Path(path)
+    mf = p / "manifest.json"
+    if not mf.is_file():
+        raise BundleError(f"bundle {p}: manifest.json not found")
+    try:
+        manifest = json.loads(mf.read_text())
+    except json.JSONDecodeError as e:
+        raise BundleError(f"{mf}: invalid JSON ({e})") from e
+    for name, typ in MANIFEST_FIELDS.items():
+        if name not in manifest:
+            raise BundleError(f"{mf}: missing field {name!r}")
+        if not isinstance(manifest[name], typ):
+            raise BundleError(f"{mf}: field {name!r} must be {typ.__name__}")
+    if manifest["format"] != FORMAT or manifest["format_version"] != FORMAT_VERSION:
+        raise BundleError(f"{mf}: format {manifest['format']!r} v{manifest['format_version']} is not {FORMAT} v{FORMAT_VERSION}")
+    if manifest["role"] not in ROLE_KINDS:
+        raise BundleError(f"{mf}: field 'role' is {manifest['role']!r}, expected one of {sorted(ROLE_KINDS)}")
+    if manifest["kind"] not in ROLE_KINDS[manifest["role"]]:
+        raise BundleError(f"{mf}: field 'kind' {manifest['kind']!r} is not a {manifest['role']} kind {sorted(ROLE_KINDS[manifest['role']])}")
+    if role is not None and manifest["role"] != role:
+        raise BundleError(f"{mf}: bundle role is {manifest['role']!r} but it was configured as the {role}")
+    if "ref" not in manifest["base_model"]:
+        raise BundleError(f"{mf}: field 'base_model.ref' missing")
+    if base_model is not None and manifest["base_model"]["ref"] != base_model:
+        raise BundleError(f"{mf}: base_model.ref is {manifest['base_model']['ref']!r}, expected {base_model!r}")
+    tmpl = manifest["prompt_template"]
+    if KNOWN_TEMPLATES.get(tmpl.get("name")) != tmpl.get("version"):
+        raise BundleError(f"{mf}: prompt_template {tmpl} is unknown to this runtime (known: {KNOWN_TEMPLATES})")
+    if not manifest.get("adapter") and not manifest.get("merged"):
+        raise BundleError(f"{mf}: one of 'adapter' or 'merged' must name a folder")
+    if manifest["role"] == "tagger" and manifest["kind"] == "encoder_multilabel" and not manifest.get("labels"):
+        raise BundleError(f"{mf}: tagger bundles need 'labels'")
+    return Bundle(p, manifest)
+
+
+def write_manifest(path: str | Path, manifest: dict[str, Any]) -> Path:
+    """Write manifest.json after checking it with the same rules the loader applies."""
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True)
+    full = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest}
+    (p / "manifest.json").write_text(json.dumps(full, indent=2, sort_keys=True))
+    load_bundle(p)
+    return p / "manifest.json"

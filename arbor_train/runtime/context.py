@@ -1,0 +1,127 @@
+"""Answer-time context assembly under a token read budget.
+
+Layers, in the order the answer model reads them (the method's priority rules):
+  Computed        deterministic answers from events (count / sum / latest / earliest / compare)
+  UpdateEvidence  old -> new revision chains (first for update questions: previous / current)
+  PrimaryPath     the selected root-to-node trajectory; past the branch budget, the 4 most recent
+                  nodes raw and earlier ones as summaries
+  AtomicFacts     verified facts retrieved independently (filtered by predicted attribute tags)
+  States          current mutable states that match the question
+  ArtifactEvidence, EventEvidence   structured blocks
+  Supplemental    raw turns from other branches with a strict entity / time / exact-value match
+                  (zero budget in the main configuration)
+Empty blocks are omitted. Supplemental evidence never displaces the primary path: it is filled last.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from .text import count_tokens_approx
+
+
+class TokenCounter:
+    """Counts tokens with the answer model's tokenizer (or a word-piece approximation when none is set)."""
+
+    def __init__(self, tokenizer: str | None = None):
+        self.name = tokenizer or "approx"
+        self._tok = None
+        if tokenizer:
+            from transformers import AutoTokenizer
+
+            from ..modelref import resolve
+
+            self._tok = AutoTokenizer.from_pretrained(resolve(tokenizer))
+        self.count = lru_cache(maxsize=100_000)(self._count)
+
+    def _count(self, text: str) -> int:
+        if self._tok is None:
+            return count_tokens_approx(text)
+        return len(self._tok.encode(text, add_special_tokens=False))
+
+
+INTENT_CUES = {
+    "previous": r"\b(previous|previously|before (?:the|it|that) (?:change|update)|originally|initially|used to|"
+                r"old|earlier|at first|first (?:set|planned|chose))\b",
+    "current": r"\b(current|currently|now|latest|updated|final|these days)\b",
+    "count": r"\bhow many\b|\bnumber of\b|\bcount\b|\bhow often\b",
+    "sum": r"\bin total\b|\btotal\b|\baltogether\b|\bcombined\b|\bsum\b|\bhow much\b.*\b(spent|paid|ran|raised|saved|donated)\b",
+    "latest": r"\b(most recent|last time|latest|last)\b",
+    "earliest": r"\b(earliest|first time|first)\b",
+    "order": r"\b(order|sequence|after|before|first|second|third|fourth|next|stop|item)\b",
+    "compare": r"\b(more|less|fewer|higher|lower|larger|smaller|bigger|compare|which of)\b",
+}
+_INTENTS = {k: re.compile(v, re.I) for k, v in INTENT_CUES.items()}
+
+
+def question_intents(text: str) -> set[str]:
+    return {k for k, rx in _INTENTS.items() if rx.search(text or "")}
+
+
+@dataclass
+class Block:
+    name: str
+    lines: list[str] = field(default_factory=list)
+    node_ids: list[int] = field(default_factory=list)
+    tokens: int = 0
+
+    def render(self) -> str:
+        return f"[{self.name}]\n" + "\n".join(self.lines)
+
+
+@dataclass
+class Context:
+    blocks: list[Block]
+    header: str
+    tokens: int
+    budget: int
+    intents: set[str]
+
+    @property
+    def text(self) -> str:
+        return "\n\n".join([self.header] + [b.render() for b in self.blocks if b.lines])
+
+    def block(self, name: str) -> Block | None:
+        return next((b for b in self.blocks if b.name == name), None)
+
+    @property
+    def node_ids(self) -> set[int]:
+        return {i for b in self.blocks for i in b.node_ids}
+
+    def to_json(self) -> dict:
+        return {"tokens": self.tokens, "budget": self.budget, "intents": sorted(self.intents),
+                "blocks": [{"name": b.name, "tokens": b.tokens, "node_ids": b.node_ids, "lines": b.lines}
+                           for b in self.blocks]}
+
+
+class BudgetPacker:
+    """Greedy packer: each block takes lines in order while both its own cap and the total allow."""
+
+    def __init__(self, counter: TokenCounter, total: int):
+        self.counter, self.total, self.used = counter, total, 0
+
+    def remaining(self) -> int:
+        return self.total - self.used
+
+    def fill(self, block: Block, lines: list[tuple[str, list[int]]], cap: int) -> Block:
+        cap = min(cap, self.remaining())
+        used = self.counter.count(f"[{block.name}]") + 1
+        if used >= cap:
+            return block
+        for text, nids in lines:
+            n = self.counter.count(text) + 1
+            if used + n > cap:
+                continue  # a shorter later line may still fit
+            block.lines.append(text)
+            block.node_ids.extend(nids)
+            used += n
+        if block.lines:
+            block.tokens = used
+            self.used += used
+        return block
+
+
+def ts_prefix(ts: str | None) -> str:
+    return f"[{ts}] " if ts else ""

@@ -1,0 +1,268 @@
+"""Memory-commit extractors: one protocol (`Extractor.run(kind, turns) -> raw outputs`), three families.
+
+Kinds: summary, entities, facts, states, artifacts, events. Raw outputs (model text or Python objects)
+always pass through validate.py before anything reaches the store; `ExtractorSet.extract` does that.
+
+- `HeuristicExtractor`: regex grammar over the user turn (patterns visible in conf/runtime).
+- `LLMExtractor`: a prompted causal LM (local HF or OpenAI-compatible), or a tuned bundle, with the
+  versioned prompts in arbor_train.prompts; one batched generation per kind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..prompts import extract_messages
+from .text import entities as find_entities
+from .text import keywords as find_keywords
+from .text import sentences, snake_case, truncate
+from .validate import MAX_CHARS, ValidationReport, validate_items, validate_strings
+
+log = logging.getLogger(__name__)
+
+KINDS = ("summary", "entities", "facts", "states", "artifacts", "events")
+
+
+@dataclass
+class TurnInput:
+    user_text: str
+    assistant_text: str = ""
+    timestamp: str | None = None
+
+
+@dataclass
+class Extraction:
+    summary: str = ""
+    entities: list[str] = field(default_factory=list)
+    keywords: list[str] = field(default_factory=list)
+    facts: list[dict] = field(default_factory=list)
+    states: list[dict] = field(default_factory=list)
+    artifacts: list[dict] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+    report: ValidationReport = field(default_factory=ValidationReport)
+
+
+class Extractor(Protocol):
+    name: str
+
+    def run(self, kind: str, turns: list[TurnInput]) -> list[Any]: ...
+
+
+_VAL = r"(?P<val>[^.;!?\n]+?)"
+_END = r"(?=\s*(?:[.;!?\n]|,\s|\s+(?:and|but|so|because|which|since)\s|$))"
+_SUBJ = r"(?P<subj>[Mm]y|[Oo]ur|(?:[A-Z][a-z]+)(?:'s|’s))"
+_KEY = r"(?P<key>[a-z][a-z]+(?: [a-z]+){0,2}?)"
+_STATE_IS = re.compile(
+    _SUBJ + r" (?:new |current |updated |final )?" + _KEY
+    + r" (?:is now|is|are|will be|has changed to|changed to|moved to|went up to|went down to|is set at|is set to)\s+"
+    + _VAL + _END)
+_STATE_SET = re.compile(
+    r"\b(?i:set|change|changed|move|moved|update|updated|bump|bumped|raise|raised|lower|lowered|switch|switched|"
+    r"increase|increased|reduce|reduced|push|pushed)\s+(?:the |" + _SUBJ + r" )?" + _KEY
+    + r"(?: for (?P<subj2>[A-Z][a-z]+))?(?: from (?P<old>[^.;!?\n]+?))? to\s+" + _VAL + _END)
+_ARTIFACT = re.compile(
+    r"(?P<subj>(?:[A-Z][a-z]+)(?:'s|’s) |[Mm]y |[Oo]ur |[Tt]he )?(?P<name>(?:[a-z]+ )?(?:itinerary|agenda|playlist|"
+    r"schedule|list|lineup|route|steps|menu|setlist|order of stops|running order|program|programme|checklist|"
+    r"shortlist|stops))(?: for (?P<subj2>[A-Z][a-z]+|the [a-z]+(?: [a-z]+)?))?(?: is| goes| will be| is now)?\s*:\s*"
+    r"(?P<items>[^\n]+?)(?:\.\s|\.$|$)")
+_EVENT = re.compile(
+    r"\b(?P<subj>I|[Ww]e|[A-Z][a-z]+)\s+(?:just |also |finally )?(?P<action>spent|ran|paid|bought|walked|swam|"
+    r"cycled|biked|read|visited|attended|donated|saved|earned|logged|completed|finished|hiked|booked|ordered|"
+    r"cooked|played|watched|sold|lifted|rowed|climbed|practiced|practised|studied|wrote|raised|collected)\b"
+    r"(?P<rest>[^.;!?\n]*)")
+_LEMMA = {"spent": "spend", "ran": "run", "paid": "pay", "bought": "buy", "walked": "walk", "swam": "swim",
+          "cycled": "cycle", "biked": "bike", "visited": "visit", "attended": "attend", "donated": "donate",
+          "saved": "save", "earned": "earn", "logged": "log", "completed": "complete", "finished": "finish",
+          "hiked": "hike", "booked": "book", "ordered": "order", "cooked": "cook", "played": "play",
+          "watched": "watch", "sold": "sell", "lifted": "lift", "rowed": "row", "climbed": "climb",
+          "practiced": "practice", "practised": "practice", "studied": "study", "wrote": "write", "raised": "raise",
+          "collected": "collect"}
+_QTY = re.compile(r"(?P<cur>[$€£])?(?P<num>\d[\d,]*(?:\.\d+)?)\s?(?P<unit>%|[a-zA-Z]+)?")
+
+
+class HeuristicExtractor:
+    """Regex grammar for canonical phrasings; `implied` maps phrases to stable keys (config)."""
+
+    def __init__(self, implied: dict[str, str] | None = None, event_categories: dict[str, str] | None = None,
+                 max_facts: int = 6):
+        self.name = "heuristic"
+        self.implied = [(re.compile(r"\b" + p + r"\s+(?P<val>[A-Z][\w'’-]*(?:\s+[A-Z][\w'’-]*)*|[a-z][a-z-]+)"), k)
+                        for p, k in (implied or {}).items()]
+        self.event_categories = event_categories or {}
+        self.max_facts = max_facts
+
+    def run(self, kind: str, turns: list[TurnInput]) -> list[Any]:
+        fn = getattr(self, f"_{kind}")
+        return [fn(t) for t in turns]
+
+    # ------------------------------------------------------------------ kinds
+    def _summary(self, t: TurnInput) -> str:
+        first = sentences(t.user_text)
+        return truncate(first[0] if first else t.user_text, 160)
+
+    def _entities(self, t: TurnInput) -> list[str]:
+        return find_entities(t.user_text + "\n" + t.assistant_text)
+
+    def _facts(self, t: TurnInput) -> list[dict]:
+        out = []
+        for s in sentences(t.user_text):
+            if s.rstrip().endswith("?"):
+                continue
+            ents = find_entities(s)
+            if not ents:
+                continue
+            out.append({"text": truncate(s, MAX_CHARS - 1), "entities": ents[:8], "tags": []})
+            if len(out) >= self.max_facts:
+                break
+        return out
+
+    def _states(self, t: TurnInput) -> list[dict]:
+        text = t.user_text
+        out: dict[tuple[str, str], dict] = {}
+
+        def add(key: str, subj: str | None, val: str, evidence: str) -> None:
+            key = snake_case(key)
+            val = val.strip(" \"'")
+            if not key or not val or len(val) >= MAX_CHARS or len(key) > 40:
+                return
+            subject = _subject(subj)
+            ents = [e for e in find_entities(evidence) if e.lower() != subject.lower()][:4]
+            if subject != "user":
+                ents = [subject] + ents
+            out[(key, subject)] = {"key": key, "value": val, "tag": "", "entities": ents,
+                                   "evidence": truncate(evidence, MAX_CHARS - 1)}
+
+        for m in _STATE_SET.finditer(text):
+            add(m.group("key"), m.group("subj") or m.group("subj2"), m.group("val"), m.group(0))
+        for m in _STATE_IS.finditer(text):
+            add(m.group("key"), m.group("subj"), m.group("val"), m.group(0))
+        for rx, key in self.implied:
+            for m in rx.finditer(text):
+                add(key, "my", m.group("val"), m.group(0))
+        return list(out.values())[:6]
+
+    def _artifacts(self, t: TurnInput) -> list[dict]:
+        out = []
+        for m in _ARTIFACT.finditer(t.user_text):
+            raw = m.group("items")
+            items = [i.strip(" .") for i in re.split(r",\s*(?:then\s+|and then\s+|and\s+)?|;\s*|\s+then\s+|\s*\d+[.)]\s+",
+                                                     raw) if i and i.strip(" .")]
+            items = [re.sub(r"^(?:and|then|first|finally)\s+", "", i, flags=re.I) for i in items]
+            items = [truncate(i, MAX_CHARS - 1) for i in items if i]
+            if len(items) < 2:
+                continue
+            subj = (m.group("subj") or "").strip()
+            subj2 = m.group("subj2")
+            subject = _subject(subj if subj.endswith(("'s", "’s")) else (subj2 or "my"))
+            out.append({"name": m.group("name").strip().lower(), "subject": subject, "items": items[:20],
+                        "entities": find_entities(raw)[:8]})
+        return out
+
+    def _events(self, t: TurnInput) -> list[dict]:
+        out = []
+        for m in _EVENT.finditer(t.user_text):
+            verb = m.group("action").lower()
+            action = _LEMMA.get(verb, verb)
+            rest = m.group("rest")
+            q = _QTY.search(rest)
+            qty = unit = None
+            if q:
+                qty = float(q.group("num").replace(",", ""))
+                unit = q.group("cur") or (q.group("unit") or None)
+            dates = [e for e in find_entities(rest) if not any(ch.isdigit() for ch in e[:1])]
+            out.append({"subject": _subject(m.group("subj")), "action": action,
+                        "category": self.event_categories.get(verb, action), "quantity": qty, "unit": unit,
+                        "date": t.timestamp, "text": truncate(m.group(0), MAX_CHARS - 1),
+                        "entities": dates[:6]})
+        return out[:8]
+
+
+def _subject(s: str | None) -> str:
+    if not s:
+        return "user"
+    s = s.strip()
+    if s.lower() in {"my", "our", "i", "we", "the"}:
+        return "user"
+    return re.sub(r"(?:'s|’s)$", "", s)
+
+
+class LLMExtractor:
+    """Prompted or tuned causal LM extractor; generation is batched per kind."""
+
+    def __init__(self, llm, max_new_tokens: int = 256, kinds: list[str] | None = None):
+        self.llm = llm
+        self.name = llm.name
+        self.max_new_tokens = max_new_tokens
+        self.kinds = set(kinds or KINDS)
+
+    def run(self, kind: str, turns: list[TurnInput]) -> list[Any]:
+        msgs = [extract_messages(kind, t.user_text, t.assistant_text, t.timestamp) for t in turns]
+        return self.llm.chat(msgs, max_new_tokens=self.max_new_tokens if kind != "summary" else 64)
+
+
+def build_extractor(spec, cache: dict) -> Extractor:
+    """spec: 'heuristic' | {kind: heuristic, ...} | {kind: prompted, llm: {...}} | {kind: bundle, path: ...}."""
+    if isinstance(spec, str):
+        spec = {"kind": spec}
+    spec = dict(spec)
+    key = json.dumps(spec, sort_keys=True, default=str)
+    if key in cache:
+        return cache[key]
+    kind = spec.pop("kind")
+    if kind == "heuristic":
+        ex: Extractor = HeuristicExtractor(**spec)
+    elif kind == "prompted":
+        from .llm import build_llm
+
+        ex = LLMExtractor(build_llm(spec["llm"]), spec.get("max_new_tokens", 256))
+    elif kind == "bundle":
+        from .bundle import load_bundle
+        from .llm import HFCausalLM
+
+        b = load_bundle(spec["path"], role="extractor", base_model=spec.get("base_model"))
+        model, tok = b.load_model(base_override=spec.get("base_override"))
+        ex = LLMExtractor(HFCausalLM.from_parts(model, tok, name=f"bundle:{spec['path']}"),
+                          spec.get("max_new_tokens", 256), kinds=b.manifest.get("kinds"))
+    else:
+        raise ValueError(f"runtime option extractors.<kind>.kind must be heuristic, prompted or bundle, got {kind!r}")
+    cache[key] = ex
+    return ex
+
+
+class ExtractorSet:
+    """Runs the configured extractor for each kind and validates every output."""
+
+    def __init__(self, specs: dict[str, Any], heuristic_defaults: dict | None = None, enabled: list[str] | None = None):
+        self._cache: dict = {}
+        heuristic = {"kind": "heuristic", **(heuristic_defaults or {})}
+        self.by_kind: dict[str, Extractor] = {}
+        for kind in KINDS:
+            spec = specs.get(kind, "heuristic") if specs else "heuristic"
+            if spec == "heuristic" or (isinstance(spec, dict) and spec.get("kind") == "heuristic" and len(spec) == 1):
+                spec = heuristic
+            self.by_kind[kind] = build_extractor(spec, self._cache)
+        self.enabled = set(enabled if enabled is not None else KINDS)
+
+    def extract(self, turns: list[TurnInput]) -> list[Extraction]:
+        outs = [Extraction() for _ in turns]
+        for kind in KINDS:
+            if kind not in self.enabled:
+                continue
+            raws = self.by_kind[kind].run(kind, turns)
+            for ex, raw, t in zip(outs, raws, turns):
+                if kind == "summary":
+                    s = raw if isinstance(raw, str) else str(raw)
+                    ex.summary = truncate(s, MAX_CHARS - 1) or truncate(t.user_text, 160)
+                elif kind == "entities":
+                    ex.entities = validate_strings(raw, "entities", ex.report)
+                else:
+                    setattr(ex, kind, validate_items(raw, kind, ex.report))
+        for ex, t in zip(outs, turns):
+            ex.keywords = find_keywords(t.user_text + " " + t.assistant_text, k=10)
+            if not ex.summary:
+                ex.summary = truncate(t.user_text, 160)
+        return outs

@@ -1,0 +1,104 @@
+"""Approximate nearest-neighbour index over node embeddings (hnswlib, HNSW graphs).
+
+The index is *derived*: embeddings live in SQLite, and the index file is a cache that is saved on
+close (and every `save_every` additions). On open it is loaded and caught up with the nodes SQLite
+holds beyond it; an index that is missing, unreadable or ahead of the database (a crash between the
+SQLite commit and a save cannot cause that, but a copied or edited file could) is rebuilt.
+
+Why hnswlib: a small, well-kept C++ library with Python wheels, incremental `add_items`, filtered and
+exact-k queries, and O(log n) search; faiss-cpu would also do, at ~10x the install size.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import hnswlib
+import numpy as np
+
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+
+class VectorIndex:
+    def __init__(self, store: Store, conversation_id: str, dim: int, path: Path | None, ef_search: int = 64,
+                 M: int = 16, ef_construction: int = 100, save_every: int = 1000, initial_capacity: int = 1024):
+        self.store, self.conv, self.dim, self.path = store, conversation_id, dim, path
+        self.ef_search, self.M, self.ef_construction, self.save_every = ef_search, M, ef_construction, save_every
+        self.initial_capacity = initial_capacity
+        self._unsaved = 0
+        self._open()
+
+    # ------------------------------------------------------------------ lifecycle
+    def _new(self, capacity: int) -> hnswlib.Index:
+        idx = hnswlib.Index(space="ip", dim=self.dim)  # embeddings are L2-normalised: ip == cosine
+        idx.init_index(max_elements=max(capacity, 16), ef_construction=self.ef_construction, M=self.M,
+                       allow_replace_deleted=False)
+        idx.set_ef(self.ef_search)
+        return idx
+
+    def _open(self) -> None:
+        self.index: hnswlib.Index | None = None
+        if self.path is not None and self.path.exists():
+            try:
+                idx = hnswlib.Index(space="ip", dim=self.dim)
+                idx.load_index(str(self.path), max_elements=0)
+                idx.set_ef(self.ef_search)
+                self.index = idx
+            except Exception as e:  # unreadable cache: rebuild from SQLite
+                log.warning("vector index %s unreadable (%s); rebuilding from the database", self.path, e)
+        ids = set(self.index.get_ids_list()) if self.index is not None else set()
+        nodes = self.store.db.execute("SELECT id FROM nodes WHERE conversation_id=?", (self.conv,)).fetchall()
+        db_ids = {int(r[0]) for r in nodes}
+        if self.index is not None and not ids <= db_ids:
+            log.warning("vector index %s holds nodes the database does not; rebuilding", self.path)
+            self.index, ids = None, set()
+        if self.index is None:
+            self.index = self._new(max(self.initial_capacity, 2 * len(db_ids)))
+        missing = sorted(db_ids - ids)
+        if missing:
+            got = self.store.get_nodes(missing)
+            vecs = [(i, got[i].embedding) for i in missing if got[i].embedding is not None]
+            if vecs:
+                self.add([i for i, _ in vecs], np.stack([v for _, v in vecs]), autosave=False)
+                self.save()
+
+    def save(self) -> None:
+        if self.path is None or self.index is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        self.index.save_index(str(tmp))
+        tmp.replace(self.path)
+        self._unsaved = 0
+
+    # ------------------------------------------------------------------ operations
+    def __len__(self) -> int:
+        return self.index.get_current_count()
+
+    def add(self, ids: list[int], vecs: np.ndarray, autosave: bool = True) -> None:
+        need = self.index.get_current_count() + len(ids)
+        if need > self.index.get_max_elements():
+            self.index.resize_index(max(need, 2 * self.index.get_max_elements()))
+        self.index.add_items(vecs.astype(np.float32), np.asarray(ids, dtype=np.int64))
+        self._unsaved += len(ids)
+        if autosave and self._unsaved >= self.save_every:
+            self.save()
+
+    def search(self, vec: np.ndarray, k: int) -> list[tuple[int, float]]:
+        n = self.index.get_current_count()
+        if n == 0:
+            return []
+        k = min(k, n)
+        labels, dist = self.index.knn_query(vec.reshape(1, -1).astype(np.float32), k=k)
+        return [(int(l), float(1.0 - d)) for l, d in zip(labels[0], dist[0])]
+
+
+def index_path(db_path: str, conversation_id: str) -> Path | None:
+    if db_path == ":memory:":
+        return None
+    safe = re.sub(r"[^0-9A-Za-z_.-]", "_", conversation_id)
+    return Path(db_path + ".hnsw") / f"{safe}.bin"

@@ -1,0 +1,499 @@
+"""ArborMemory: the online loop of the method (localize -> assemble -> [generate] -> commit).
+
+    mem = ArborMemory.open("memory.sqlite", conversation_id="alice", cfg=runtime_cfg)
+    loc = mem.localize(user_text)                 # reads committed state only
+    ctx = mem.assemble(user_text, loc)            # token-budgeted context for the answer model
+    reply = answer_model(ctx.text, user_text)
+    mem.commit(user_text, reply, loc)             # one SQLite transaction; visible from turn t+1
+
+`mem.step(user, assistant)` is localize + commit, for replaying transcripts.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .context import Block, BudgetPacker, Context, TokenCounter, question_intents, ts_prefix
+from .embed import build_embedder
+from .extract import Extraction, ExtractorSet, TurnInput
+from .index import VectorIndex, index_path
+from .rerank import build_reranker
+from .schema import Candidate, Localization, Node
+from .store import Store
+from .tags import build_tagger
+from .text import entities as find_entities
+from .text import find_cue, match_cue, stems, truncate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Timings:
+    localize_s: list[float] = field(default_factory=list)
+    extract_s: list[float] = field(default_factory=list)
+    commit_s: list[float] = field(default_factory=list)
+    assemble_s: list[float] = field(default_factory=list)
+
+
+def _cfg(cfg: Any) -> dict:
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(cfg, DictConfig):
+            return OmegaConf.to_container(cfg, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    return dict(cfg)
+
+
+class ArborMemory:
+    def __init__(self, store: Store, conversation_id: str, cfg: Any, components: dict | None = None):
+        cfg = _cfg(cfg)
+        self.cfg = cfg
+        self.store = store
+        self.conv = conversation_id
+        comp = components or build_components(cfg)
+        self.embedder = comp["embedder"]
+        self.reranker = comp["reranker"]
+        self.extractors: ExtractorSet = comp["extractors"]
+        self.tagger = comp["tagger"]
+        self.counter: TokenCounter = comp["counter"]
+        self.components = comp
+        stored_dim = store.get_meta("embedding_dim")
+        stored_name = store.get_meta("embedder")
+        if stored_dim is None:
+            with store.transaction():
+                store.set_meta("embedding_dim", str(self.embedder.dim))
+                store.set_meta("embedder", self.embedder.name)
+        elif int(stored_dim) != self.embedder.dim or stored_name != self.embedder.name:
+            raise ValueError(
+                f"{store.path}: memory was built with embedder {stored_name!r} (dim {stored_dim}); runtime option "
+                f"embedder is {self.embedder.name!r} (dim {self.embedder.dim}). Use the same embedder or a new file.")
+        ix = cfg["index"]
+        self.index = VectorIndex(store, conversation_id, self.embedder.dim, index_path(store.path, conversation_id),
+                                 ef_search=ix["ef_search"], M=ix["M"], ef_construction=ix["ef_construction"],
+                                 save_every=ix["save_every"])
+        self.ablation = cfg["ablation"]
+        self.timings = Timings()
+
+    # ------------------------------------------------------------------ lifecycle
+    @classmethod
+    def open(cls, path: str | Path, conversation_id: str = "default", cfg: Any = None,
+             components: dict | None = None) -> "ArborMemory":
+        if cfg is None:
+            from .config import default_config
+
+            cfg = default_config()
+        c = _cfg(cfg)
+        return cls(Store(str(path), synchronous=c["store"]["synchronous"]), conversation_id, c, components)
+
+    def close(self) -> None:
+        self.index.save()
+        self.store.close()
+
+    def __enter__(self) -> "ArborMemory":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def for_conversation(self, conversation_id: str) -> "ArborMemory":
+        """Another conversation in the same database, sharing the loaded models."""
+        return ArborMemory(self.store, conversation_id, self.cfg, self.components)
+
+    # ------------------------------------------------------------------ localization
+    def embed(self, text: str) -> np.ndarray:
+        return self.embedder.encode([text])[0]
+
+    def _recall(self, text: str, q_emb: np.ndarray, latest: Node) -> list[Candidate]:
+        rc = self.cfg["recall"]
+        ranks: dict[int, dict[str, float]] = {}
+        fused: dict[int, float] = {}
+
+        def add(channel: str, hits: list[tuple[int, float]]) -> None:
+            for rank, (nid, s) in enumerate(hits):
+                ranks.setdefault(nid, {})[channel] = round(float(s), 4)
+                fused[nid] = fused.get(nid, 0.0) + 1.0 / (rc["rrf_k"] + rank + 1)
+
+        add("semantic", self.index.search(q_emb, rc["k_semantic"]))
+        add("keyword", self.store.keyword_search(self.conv, text, rc["k_keyword"]))
+        topic_hits = self.store.topic_search(self.conv, text, rc["k_topic"])
+        add("topic", [(self.store.latest_in_root(r), s) for r, s in topic_hits])
+        add("recent", [(latest.id, 1.0)])
+        ids = sorted(fused, key=lambda i: -fused[i])[: rc["max_candidates"]]
+        nodes = self.store.get_nodes(ids)
+        cands = []
+        for i in ids:
+            n = nodes[i]
+            ch = ranks[i]
+            if "semantic" not in ch and n.embedding is not None:
+                ch["semantic"] = round(float(np.dot(n.embedding, q_emb)), 4)
+            ch["recency"] = round(math.exp(-(latest.seq - n.seq) / rc["recency_tau"]), 4)
+            ch["fused"] = round(fused[i], 5)
+            cands.append(Candidate(node_id=i, topic_key=n.topic_key, path_summary=n.path_summary,
+                                   node_summary=n.node_summary, entities=n.entities, seq=n.seq,
+                                   root_id=n.root_id, channels=ch))
+        return cands
+
+    def localize(self, text: str, for_question: bool = False) -> Localization:
+        """Which committed state does this input resume? Reads only committed memory."""
+        t0 = time.perf_counter()
+        try:
+            return self._localize(text, for_question)
+        finally:
+            self.timings.localize_s.append(time.perf_counter() - t0)
+
+    def _localize(self, text: str, for_question: bool) -> Localization:
+        loc_cfg = self.cfg["localization"]
+        latest = self.store.latest_node(self.conv)
+        if latest is None:
+            return Localization(None, "empty", 1.0)
+        if not self.ablation["state_localization"]:
+            return Localization(latest.id, "linear", 1.0)
+        routing = self.ablation["routing"]
+        q_emb = self.embed(text)
+        self._last_query_embedding = (text, q_emb)
+        if routing and not for_question:
+            cue = match_cue(text, loc_cfg["continuation_cues"])
+            if cue and self._consistent(text, latest):
+                return Localization(self._tip(latest.id), "continuation", 1.0, cue)
+        cands = self._recall(text, q_emb, latest)
+        if not cands:
+            return Localization(None, "recall", 0.0)
+        if not routing:
+            for c in cands:
+                c.score = c.channels["fused"]
+            best = max(cands, key=lambda c: c.score)
+            sem = max(c.channels.get("semantic", 0.0) for c in cands)
+            if not for_question and sem < loc_cfg["no_routing_semantic_threshold"]:
+                return Localization(None, "recall", sem, candidates=cands)
+            return Localization(self._tip(best.node_id), "recall", best.score, candidates=cands)
+        scores = self.reranker.score(text, cands)
+        for c, s in zip(cands, scores):
+            c.score = float(s)
+        cands.sort(key=lambda c: -c.score)
+        best = cands[0]
+        rcue = find_cue(text, loc_cfg["temporal_return_cues"])
+        if rcue:
+            return Localization(self._tip(best.node_id), "temporal_return", best.score, rcue, cands)
+        if best.score >= loc_cfg["new_root_threshold"] or for_question:
+            return Localization(self._tip(best.node_id), "rerank", best.score, candidates=cands)
+        return Localization(None, "rerank", best.score, candidates=cands)
+
+    def _tip(self, node_id: int) -> int:
+        return self.store.latest_descendant(node_id) if self.cfg["localization"]["attach"] == "tip" else node_id
+
+    def _consistent(self, text: str, latest: Node) -> bool:
+        """A continuation cue counts unless the input names entities the latest state does not know."""
+        if not self.cfg["localization"]["continuation_requires_entity_match"]:
+            return True
+        ents = {e.lower() for e in find_entities(text) if not any(ch.isdigit() for ch in e)}
+        if not ents:
+            return True
+        known = {e.lower() for e in latest.entities} | {w.lower() for w in latest.topic_key.split()}
+        return bool(ents & known) or not (ents - known)
+
+    # ------------------------------------------------------------------ commit
+    def step(self, user_text: str, assistant_text: str, timestamp: str | None = None) -> tuple[Node, Localization]:
+        loc = self.localize(user_text)
+        return self.commit(user_text, assistant_text, loc, timestamp), loc
+
+    def commit(self, user_text: str, assistant_text: str, loc: Localization, timestamp: str | None = None,
+               extraction: Extraction | None = None) -> Node:
+        """Attach the completed interaction below loc.parent_id (or as a new root) and write evidence.
+
+        Model calls (extraction, embedding) run first; the writes are one transaction.
+        """
+        t0 = time.perf_counter()
+        turn = TurnInput(user_text, assistant_text, timestamp)
+        if extraction is None:
+            extraction = self.extractors.extract([turn])[0]
+        t1 = time.perf_counter()
+        emb_text = user_text if self.cfg["embed_text"] == "user" else f"{user_text}\n{assistant_text}"
+        last = getattr(self, "_last_query_embedding", None)
+        emb = last[1] if last is not None and last[0] == emb_text else self.embed(emb_text)
+        tags_needed = [f["text"] for f in extraction.facts if not f.get("tags")]
+        tag_iter = iter(self.tagger.predict(tags_needed)) if tags_needed else iter(())
+        for f in extraction.facts:
+            if not f.get("tags"):
+                f["tags"] = next(tag_iter)
+        with self.store.transaction():
+            node = self._write(turn, loc, extraction, emb)
+        self.index.add([node.id], emb.reshape(1, -1))
+        self._last_query_embedding = None
+        self.timings.extract_s.append(t1 - t0)
+        self.timings.commit_s.append(time.perf_counter() - t1)
+        return node
+
+    def _write(self, turn: TurnInput, loc: Localization, ex: Extraction, emb: np.ndarray) -> Node:
+        st, conv = self.store, self.conv
+        seq = st.next_seq(conv)
+        parent = st.get_node(loc.parent_id) if loc.parent_id is not None else None
+        if loc.parent_id is not None and (parent is None or parent.conversation_id != conv):
+            raise ValueError(f"commit: parent node {loc.parent_id} is not in conversation {conv!r}")
+        ents = list(dict.fromkeys(ex.entities))
+        if parent is None:
+            topic = self._topic_key(ex)
+            path_summary = f"{topic}: {ex.summary}"
+        else:
+            topic = parent.topic_key
+            path_summary = self._roll_path(parent.path_summary, ex.summary)
+        node = Node(id=-1, conversation_id=conv, seq=seq, timestamp=turn.timestamp,
+                    parent_id=parent.id if parent else None, root_id=parent.root_id if parent else -1,
+                    depth=parent.depth + 1 if parent else 0, user_text=turn.user_text,
+                    assistant_text=turn.assistant_text, node_summary=ex.summary, path_summary=path_summary,
+                    topic_key=topic, entities=ents, keywords=ex.keywords, embedding=emb)
+        st.insert_node(node)
+        self._update_anchor(node, parent)
+        ts = turn.timestamp
+        # facts are always written: the atomic-fact ablation removes their retrieval, not their extraction
+        for f in ex.facts:
+            st.add_fact(conv, f["text"], f["entities"], f["tags"], node.id, ts, seq, node.root_id)
+        if self.ablation["structured_extraction"]:
+            self._write_states(node, ex.states)
+            for a in ex.artifacts:
+                subject = a.get("subject") or "user"
+                cur = st.current_artifact(conv, a["name"], subject)
+                if cur is not None and cur.items == a["items"]:
+                    continue
+                st.add_artifact(conv, a["name"], subject, a["items"], a["entities"], node.id, ts, seq, node.root_id,
+                                cur.id if cur else None)
+            for e in ex.events:
+                st.add_event(conv, e, node.id, ts, seq, node.root_id)
+        return node
+
+    def _write_states(self, node: Node, slots: list[dict]) -> None:
+        """Revision check: same (key, subject) with a new value supersedes, unless the key/tag coexists."""
+        rev = self.cfg["revision"]
+        st, conv, ts = self.store, self.conv, node.timestamp
+        for s in slots:
+            subject = s["entities"][0] if s.get("entities") else "user"
+            existing = st.current_records(conv, s["key"], subject)
+            same = next((r for r in existing if r.value.lower() == s["value"].lower()), None)
+            if same is not None:
+                st.add_record_source(same, node.id, ts)
+                continue
+            coexist = s["key"] in rev["coexist_keys"] or (s.get("tag") in rev["coexist_tags"])
+            supersedes = existing[-1].id if (existing and not coexist) else None
+            st.add_record(conv, s["key"], subject, s["value"], s.get("tag", ""), s.get("entities", []),
+                          s.get("evidence", ""), node.id, ts, node.seq, node.root_id, supersedes)
+
+    def _topic_key(self, ex: Extraction) -> str:
+        names = [e for e in ex.entities if not any(ch.isdigit() for ch in e)][:2]
+        kws = [k for k in ex.keywords if k.lower() not in {n.lower() for n in names}][:3]
+        return truncate(" · ".join(names + kws) or ex.summary, 80)
+
+    def _roll_path(self, parent_path: str, summary: str) -> str:
+        limit = self.cfg["path_summary_chars"]
+        s = f"{parent_path} | {summary}"
+        if len(s) <= limit:
+            return s
+        head, _, rest = s.partition(": ")
+        tail = rest[-(limit - len(head) - 6):]
+        return f"{head}: …{tail[tail.find(' | ') if ' | ' in tail else 0:]}"
+
+    def _update_anchor(self, node: Node, parent: Node | None) -> None:
+        """Topic anchor of the branch root: topic key plus the entities seen along the branch."""
+        root_id = node.root_id
+        prev = self.store.db.execute("SELECT topic FROM root_fts WHERE rowid=?", (root_id,)).fetchone()
+        terms = (prev[0] if prev else node.topic_key).split(" ; ")
+        seen = {t.lower() for t in terms}
+        for e in node.entities:
+            if e.lower() not in seen and len(terms) < self.cfg["recall"]["anchor_terms"]:
+                terms.append(e)
+                seen.add(e.lower())
+        self.store.set_root_topic(self.conv, root_id, " ; ".join(terms))
+
+    # ------------------------------------------------------------------ read
+    def read(self, question: str, now: str | None = None, budget: int | None = None) -> tuple[Localization, Context]:
+        loc = self.localize(question, for_question=True)
+        return loc, self.assemble(question, loc, now=now, budget=budget)
+
+    def assemble(self, question: str, loc: Localization, now: str | None = None, budget: int | None = None) -> Context:
+        t0 = time.perf_counter()
+        try:
+            return self._assemble(question, loc, now, budget)
+        finally:
+            self.timings.assemble_s.append(time.perf_counter() - t0)
+
+    def _assemble(self, question: str, loc: Localization, now: str | None, budget: int | None) -> Context:
+        cc = self.cfg["context"]
+        budget = int(budget or cc["read_budget"])
+        header = f"Current time: {now}" if now else "Current time: unknown"
+        fixed = self.counter.count(header) + self.counter.count(question)
+        if budget <= fixed:
+            raise ValueError(f"read budget {budget} tokens is smaller than the fixed prompt ({fixed} tokens)")
+        packer = BudgetPacker(self.counter, budget - fixed)
+        intents = question_intents(question)
+        q_stems = stems(question)
+        q_ents = {e.lower() for e in find_entities(question)}
+        abl = self.ablation
+        blocks: list[Block] = []
+        conv, st = self.conv, self.store
+
+        primary_ids: list[int] = []
+        if loc.parent_id is not None:
+            path = st.trajectory(loc.parent_id) if abl["state_localization"] else st.recent_nodes(conv, cc["linear_window"])
+            primary_ids = [n.id for n in path]
+        else:
+            path = []
+
+        def relevant(text: str, extra: list[str] = ()) -> float:
+            s = stems(text + " " + " ".join(extra))
+            return len(q_stems & s) / max(1, len(q_stems))
+
+        # Computed answers and event evidence (structured evidence)
+        events = st.events(conv) if (abl["structured_evidence"] and abl["structured_extraction"]) else []
+        matched_events = [e for e in events
+                          if relevant(f"{e.subject} {e.action} {e.category} {e.text}", e.entities) >= cc["event_match"]
+                          and (e.subject == "user" or e.subject.lower() in q_ents or not q_ents)]
+        if matched_events and intents & {"count", "sum", "latest", "earliest", "compare"}:
+            lines = []
+            by_unit: dict[str | None, float] = {}
+            for e in matched_events:
+                if e.quantity is not None:
+                    by_unit[e.unit] = by_unit.get(e.unit, 0.0) + e.quantity
+            if "count" in intents:
+                lines.append(f"count of matching events = {len(matched_events)}")
+            if "sum" in intents or "compare" in intents:
+                for unit, tot in by_unit.items():
+                    amount = f"{unit}{tot:g}" if unit in {"$", "€", "£"} else f"{tot:g} {unit or ''}".strip()
+                    lines.append(f"sum over matching events = {amount}")
+            dated = sorted(matched_events, key=lambda e: (e.date or "", e.seq))
+            if "latest" in intents:
+                lines.append(f"latest matching event: {ts_prefix(dated[-1].date)}{dated[-1].text}")
+            if "earliest" in intents:
+                lines.append(f"earliest matching event: {ts_prefix(dated[0].date)}{dated[0].text}")
+            src = sorted({s for e in matched_events for s in e.sources})
+            blocks.append(packer.fill(Block("Computed"), [(l, src) for l in lines], cc["structured_budget"]))
+
+        # Update evidence (old -> new chains) and current states
+        records = st.records(conv) if abl["structured_extraction"] else []
+        chains: dict[int, list] = {}
+        for r in records:
+            if relevant(f"{r.key.replace('_', ' ')} {r.value} {r.subject}", r.entities) < cc["record_match"]:
+                continue
+            if r.subject != "user" and q_ents and r.subject.lower() not in q_ents:
+                continue
+            head = r
+            while head.supersedes is not None:
+                head = next(x for x in records if x.id == head.supersedes)
+            chains.setdefault(head.id, []).append(r)
+        update_lines, state_lines = [], []
+        for chain in chains.values():
+            chain.sort(key=lambda r: r.seq)
+            label = f"{chain[0].key} ({chain[0].subject})"
+            src = sorted({s for r in chain for s in r.sources})
+            if len(chain) > 1:
+                hist = " -> ".join(f"{r.value} {ts_prefix(r.timestamps[0]).strip()}".strip() for r in chain)
+                update_lines.append((f"{label}: {hist} (previous: {chain[-2].value}; current: {chain[-1].value})", src))
+            else:
+                state_lines.append((f"{label}: {chain[0].value} {ts_prefix(chain[0].timestamps[0]).strip()}".strip(), src))
+        update_first = bool(intents & {"previous", "current"})
+        if update_lines and update_first:
+            blocks.append(packer.fill(Block("UpdateEvidence"), update_lines, cc["update_budget"]))
+
+        # Primary routed history
+        if path:
+            blocks.append(self._primary_block(path, packer, cc))
+
+        if update_lines and not update_first:
+            blocks.append(packer.fill(Block("UpdateEvidence"), update_lines, cc["update_budget"]))
+
+        # Atomic facts, retrieved independently of the trajectory
+        if abl["atomic_facts"]:
+            q_tags = set(self.tagger.predict([question])[0]) if cc["filter_facts_by_tag"] else set()
+            hits = st.search_facts(conv, question, cc["fact_k"])
+            lines = []
+            for f, _ in hits:
+                if f.superseded_by is not None:
+                    continue
+                if q_tags and f.tags and not (q_tags & set(f.tags)):
+                    continue
+                lines.append((f"{ts_prefix(f.timestamps[-1])}{f.text}", f.sources))
+            blocks.append(packer.fill(Block("AtomicFacts"), lines, cc["fact_budget"]))
+        if state_lines:
+            blocks.append(packer.fill(Block("States"), state_lines, cc["update_budget"]))
+
+        # Structured blocks
+        if abl["structured_evidence"] and abl["structured_extraction"]:
+            arts = st.artifacts(conv, include_superseded="previous" in intents)
+            lines = []
+            for a in arts:
+                if relevant(f"{a.name} {a.subject} {' '.join(a.items)}", a.entities) < cc["artifact_match"]:
+                    continue
+                if a.subject != "user" and q_ents and a.subject.lower() not in q_ents:
+                    continue
+                status = "current" if a.superseded_by is None else "superseded"
+                items = "; ".join(f"{i + 1}. {it}" for i, it in enumerate(a.items))
+                lines.append((f"{a.name} ({a.subject}, {status}) {ts_prefix(a.timestamps[0]).strip()}: {items}", a.sources))
+            blocks.append(packer.fill(Block("ArtifactEvidence"), lines, cc["structured_budget"]))
+            ev_lines = [(f"{ts_prefix(e.date)}{e.text}", e.sources) for e in matched_events]
+            blocks.append(packer.fill(Block("EventEvidence"), ev_lines, cc["structured_budget"]))
+
+        # Strict supplemental turns from other branches (zero budget in the main configuration)
+        sup_budget = cc["supplemental_budget"]
+        if sup_budget > 0:
+            primary = set(primary_ids)
+            lines = []
+            for nid, _ in st.keyword_search(conv, question, cc["supplemental_k"]):
+                if nid in primary:
+                    continue
+                n = st.get_node(nid)
+                if q_ents & {e.lower() for e in n.entities}:  # direct entity / date / exact value match only
+                    lines.append((f"{ts_prefix(n.timestamp)}{n.raw}", [nid]))
+            blocks.append(packer.fill(Block("Supplemental"), lines, sup_budget))
+
+        blocks = [b for b in blocks if b.lines]
+        return Context(blocks=blocks, header=header, tokens=fixed + packer.used, budget=budget, intents=intents)
+
+    def _primary_block(self, path: list[Node], packer: BudgetPacker, cc: dict) -> Block:
+        raw = [(f"{ts_prefix(n.timestamp)}{n.raw}", [n.id]) for n in path]
+        cap = min(cc["branch_budget"], packer.remaining())
+        total = sum(self.counter.count(t) + 1 for t, _ in raw)
+        if total + 8 <= cap:
+            return packer.fill(Block("PrimaryPath"), raw, cap)
+        keep = cc["raw_recent"]
+        recent = raw[-keep:]
+        older = [(f"{ts_prefix(n.timestamp)}(summary) {n.node_summary}", [n.id]) for n in path[:-keep]]
+        # drop the oldest summaries first when even summaries do not fit
+        need = sum(self.counter.count(t) + 1 for t, _ in recent) + 8
+        kept: list[tuple[str, list[int]]] = []
+        for line in reversed(older):
+            n = self.counter.count(line[0]) + 1
+            if need + n > cap:
+                break
+            kept.append(line)
+            need += n
+        return packer.fill(Block("PrimaryPath"), kept[::-1] + recent, cap)
+
+    # ------------------------------------------------------------------ inspection
+    def nodes(self) -> list[Node]:
+        return self.store.nodes(self.conv)
+
+    def stats(self) -> dict[str, Any]:
+        return self.store.counts(self.conv)
+
+
+def build_components(cfg: dict) -> dict:
+    return {
+        "embedder": build_embedder(cfg["embedder"]),
+        "reranker": build_reranker(cfg["reranker"]),
+        "extractors": ExtractorSet(cfg["extractors"], cfg["heuristics"], enabled=_enabled_kinds(cfg)),
+        "tagger": build_tagger(cfg["tagger"], cfg["ontology"]),
+        "counter": TokenCounter(cfg["context"]["tokenizer"]),
+    }
+
+
+def _enabled_kinds(cfg: dict) -> list[str]:
+    kinds = ["summary", "entities", "facts"]
+    if cfg["ablation"]["structured_extraction"]:
+        kinds += ["states", "artifacts", "events"]
+    return kinds

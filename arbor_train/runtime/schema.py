@@ -1,0 +1,169 @@
+"""Data types of the memory forest and the evidence store.
+
+These are plain dataclasses: the SQLite store (store.py) is their only persistence, and JSON export
+(`asdict`) is their only serialisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+NEW_ROOT = -1  # parent id that means "start a new root"
+
+
+@dataclass
+class Node:
+    """One committed interaction state: a user turn and the response to it."""
+
+    id: int
+    conversation_id: str
+    seq: int  # global position in the conversation, 0-based, gap-free
+    timestamp: str | None
+    parent_id: int | None
+    root_id: int
+    depth: int
+    user_text: str
+    assistant_text: str
+    node_summary: str = ""
+    path_summary: str = ""
+    topic_key: str = ""
+    entities: list[str] = field(default_factory=list)
+    keywords: list[str] = field(default_factory=list)
+    embedding: np.ndarray | None = None
+
+    def to_json(self, with_embedding: bool = False) -> dict[str, Any]:
+        d = asdict(self)
+        d["embedding"] = self.embedding.tolist() if (with_embedding and self.embedding is not None) else None
+        if not with_embedding:
+            d.pop("embedding")
+        return d
+
+    @property
+    def raw(self) -> str:
+        return f"User: {self.user_text}\nAssistant: {self.assistant_text}"
+
+
+@dataclass
+class AtomicFact:
+    id: int
+    text: str
+    entities: list[str]
+    tags: list[str]
+    sources: list[int]  # node ids
+    timestamps: list[str | None]
+    seq: int
+    root_id: int
+    superseded_by: int | None = None
+
+
+@dataclass
+class StateRecord:
+    """A mutable state slot (home_city, budget, ...) with revision links."""
+
+    id: int
+    key: str
+    subject: str
+    value: str
+    tag: str
+    entities: list[str]
+    evidence: str
+    sources: list[int]
+    timestamps: list[str | None]
+    seq: int
+    root_id: int
+    supersedes: int | None = None
+    superseded_by: int | None = None
+
+    @property
+    def current(self) -> bool:
+        return self.superseded_by is None
+
+
+@dataclass
+class Artifact:
+    """An ordered list (itinerary, agenda, playlist); a new version supersedes the old."""
+
+    id: int
+    name: str
+    subject: str
+    items: list[str]
+    entities: list[str]
+    sources: list[int]
+    timestamps: list[str | None]
+    seq: int
+    root_id: int
+    supersedes: int | None = None
+    superseded_by: int | None = None
+
+
+@dataclass
+class Event:
+    """Something that happened, with the fields count/sum/latest/earliest/compare questions need."""
+
+    id: int
+    subject: str
+    action: str
+    category: str
+    quantity: float | None
+    unit: str | None
+    date: str | None
+    text: str
+    entities: list[str]
+    sources: list[int]
+    timestamps: list[str | None]
+    seq: int
+    root_id: int
+
+
+@dataclass
+class Candidate:
+    """A candidate parent state as the reranker sees it."""
+
+    node_id: int
+    topic_key: str
+    path_summary: str
+    node_summary: str
+    entities: list[str]
+    seq: int
+    root_id: int
+    channels: dict[str, float] = field(default_factory=dict)  # recall channel -> channel score
+    score: float = 0.0
+
+    def document(self) -> str:
+        """The branch-aware text the rerankers score against the input."""
+        ents = ", ".join(self.entities[:12])
+        return (
+            f"Topic: {self.topic_key}\nPath: {self.path_summary}\nState: {self.node_summary}\n"
+            f"Entities: {ents}"
+        )
+
+
+@dataclass
+class Localization:
+    """Where an input attaches: a parent node, or a new root (parent_id is None)."""
+
+    parent_id: int | None
+    route: str  # continuation | temporal_return | rerank | recall | linear | first | empty
+    score: float
+    cue: str | None = None
+    candidates: list[Candidate] = field(default_factory=list)
+
+    @property
+    def new_root(self) -> bool:
+        return self.parent_id is None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "parent_id": self.parent_id,
+            "route": self.route,
+            "score": round(float(self.score), 4),
+            "cue": self.cue,
+            "candidates": [
+                {"node_id": c.node_id, "score": round(float(c.score), 4), "channels": c.channels,
+                 "topic_key": c.topic_key, "node_summary": c.node_summary}
+                for c in self.candidates
+            ],
+        }
