@@ -105,6 +105,10 @@ class BudgetPacker:
     def remaining(self) -> int:
         return self.total - self.used
 
+    def cost(self, name: str, lines: list[tuple[str, list[int]]]) -> int:
+        """Tokens a block would take with exactly these lines."""
+        return self.counter.count(f"[{name}]") + 1 + sum(self.counter.count(t) + 1 for t, _ in lines)
+
     def fill(self, block: Block, lines: list[tuple[str, list[int]]], cap: int) -> Block:
         cap = min(cap, self.remaining())
         used = self.counter.count(f"[{block.name}]") + 1

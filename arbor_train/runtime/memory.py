@@ -274,7 +274,7 @@ class ArborMemory:
         rev = self.cfg["revision"]
         st, conv, ts = self.store, self.conv, node.timestamp
         for s in slots:
-            subject = s["entities"][0] if s.get("entities") else "user"
+            subject = slot_subject(s)
             existing = st.current_records(conv, s["key"], subject)
             same = next((r for r in existing if r.value.lower() == s["value"].lower()), None)
             if same is not None:
@@ -455,24 +455,24 @@ class ArborMemory:
         return Context(blocks=blocks, header=header, tokens=fixed + packer.used, budget=budget, intents=intents)
 
     def _primary_block(self, path: list[Node], packer: BudgetPacker, cc: dict) -> Block:
+        """The trajectory raw if it fits the branch budget; else the `raw_recent` newest nodes raw and
+        older ones as summaries, newest first, each dropped oldest-first when even that does not fit."""
         raw = [(f"{ts_prefix(n.timestamp)}{n.raw}", [n.id]) for n in path]
         cap = min(cc["branch_budget"], packer.remaining())
-        total = sum(self.counter.count(t) + 1 for t, _ in raw)
-        if total + 8 <= cap:
+        if packer.cost("PrimaryPath", raw) <= cap:
             return packer.fill(Block("PrimaryPath"), raw, cap)
         keep = cc["raw_recent"]
-        recent = raw[-keep:]
-        older = [(f"{ts_prefix(n.timestamp)}(summary) {n.node_summary}", [n.id]) for n in path[:-keep]]
-        # drop the oldest summaries first when even summaries do not fit
-        need = sum(self.counter.count(t) + 1 for t, _ in recent) + 8
-        kept: list[tuple[str, list[int]]] = []
-        for line in reversed(older):
-            n = self.counter.count(line[0]) + 1
-            if need + n > cap:
+        summaries = [(f"{ts_prefix(n.timestamp)}(summary) {n.node_summary}", [n.id]) for n in path[:-keep]]
+        chosen: list[tuple[int, tuple[str, list[int]]]] = []
+        # newest raw first, then newest summaries, while the block still fits
+        order = [(i, raw[i]) for i in range(len(path) - 1, len(path) - 1 - min(keep, len(path)), -1)]
+        order += [(i, summaries[i]) for i in range(len(summaries) - 1, -1, -1)]
+        for i, line in order:
+            if packer.cost("PrimaryPath", [l for _, l in chosen] + [line]) > cap:
                 break
-            kept.append(line)
-            need += n
-        return packer.fill(Block("PrimaryPath"), kept[::-1] + recent, cap)
+            chosen.append((i, line))
+        chosen.sort(key=lambda x: x[0])
+        return packer.fill(Block("PrimaryPath"), [l for _, l in chosen], cap)
 
     # ------------------------------------------------------------------ inspection
     def nodes(self) -> list[Node]:
@@ -480,6 +480,16 @@ class ArborMemory:
 
     def stats(self) -> dict[str, Any]:
         return self.store.counts(self.conv)
+
+
+def slot_subject(slot: dict) -> str:
+    """Whose state a slot is: its first entity that is not part of the value ("Alice" for Alice's
+    budget of $1200; "user" for "I live in Berlin", whose only entity is the value)."""
+    value = slot["value"].lower()
+    for e in slot.get("entities") or []:
+        if e.lower() not in value and value not in e.lower():
+            return e
+    return "user"
 
 
 def build_components(cfg: dict) -> dict:

@@ -1,0 +1,39 @@
+import copy
+import os
+
+import pytest
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# Two interleaved trajectories with a parallel agenda (both people have a budget), an update, an
+# artifact and events: the smallest conversation that exercises every layer of the runtime.
+TURNS = [
+    ("I'm planning Alice's trip to Lisbon in May. Alice's budget is $1200.", "Noted the Lisbon trip budget."),
+    ("Separately, Bob is organizing the Porto conference agenda. Bob's budget is $5000.", "Noted Bob's budget."),
+    ("Also, Bob's venue is Hotel Infante.", "Got it."),
+    ("Back to the Lisbon trip: Alice's itinerary: Belem Tower, then Alfama, then LX Factory.", "Nice."),
+    ("I ran 5 km this morning.", "Well done!"),
+    ("Change Alice's budget to $1500.", "Updated."),
+    ("I ran 8 km today.", "Great."),
+    ("Bob's date is June 3.", "Noted."),
+]
+
+
+@pytest.fixture(scope="session")
+def _runtime_cfg():
+    from arbor_train.runtime import default_config
+
+    return default_config()
+
+
+@pytest.fixture
+def runtime_cfg(_runtime_cfg):
+    return copy.deepcopy(_runtime_cfg)
+
+
+@pytest.fixture
+def turns():
+    return list(TURNS)
