@@ -87,7 +87,8 @@ class HFCausalLM:
         out: list[str] = []
         for i in range(0, len(conversations), self.batch_size):
             texts = [self.render(m) for m in conversations[i : i + self.batch_size]]
-            enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+            enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False,
+                                   return_token_type_ids=False).to(self.device)
             with torch.inference_mode():
                 gen = self.model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                           pad_token_id=self.tokenizer.pad_token_id)
@@ -102,7 +103,8 @@ class HFCausalLM:
         out: list[float] = []
         for i in range(0, len(conversations), self.batch_size):
             texts = [self.render(m) for m in conversations[i : i + self.batch_size]]
-            enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+            enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False,
+                                   return_token_type_ids=False).to(self.device)
             with torch.inference_mode():
                 logits = self.model(**enc).logits[:, -1, :]
             pair = torch.stack([logits[:, no], logits[:, yes]], dim=-1).float()
