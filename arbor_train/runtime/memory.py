@@ -188,7 +188,7 @@ class ArborMemory:
         return Localization(None, "rerank", best.score, candidates=cands)
 
     def _tip(self, node_id: int) -> int:
-        return self.store.latest_descendant(node_id) if self.cfg["localization"]["attach"] == "tip" else node_id
+        return self.store.tip(node_id) if self.cfg["localization"]["attach"] == "tip" else node_id
 
     def _consistent(self, text: str, latest: Node) -> bool:
         """A continuation cue counts unless the input names entities the latest state does not know."""
@@ -340,7 +340,8 @@ class ArborMemory:
 
         primary_ids: list[int] = []
         if loc.parent_id is not None:
-            path = st.trajectory(loc.parent_id) if abl["state_localization"] else st.recent_nodes(conv, cc["linear_window"])
+            path = (st.trajectory(loc.parent_id, cc["max_path_nodes"]) if abl["state_localization"]
+                    else st.recent_nodes(conv, cc["linear_window"]))
             primary_ids = [n.id for n in path]
         else:
             path = []
@@ -350,7 +351,8 @@ class ArborMemory:
             return len(q_stems & s) / max(1, len(q_stems))
 
         # Computed answers and event evidence (structured evidence)
-        events = st.events(conv) if (abl["structured_evidence"] and abl["structured_extraction"]) else []
+        events = (st.search_events(conv, question, cc["evidence_k"])
+                  if (abl["structured_evidence"] and abl["structured_extraction"]) else [])
         matched_events = [e for e in events
                           if relevant(f"{e.subject} {e.action} {e.category} {e.text}", e.entities) >= cc["event_match"]
                           and (e.subject == "user" or e.subject.lower() in q_ents or not q_ents)]
@@ -375,7 +377,7 @@ class ArborMemory:
             blocks.append(packer.fill(Block("Computed"), [(l, src) for l in lines], cc["structured_budget"]))
 
         # Update evidence (old -> new chains) and current states
-        records = st.records(conv) if abl["structured_extraction"] else []
+        records = st.search_records(conv, question, cc["evidence_k"]) if abl["structured_extraction"] else []
         chains: dict[int, list] = {}
         for r in records:
             if relevant(f"{r.key.replace('_', ' ')} {r.value} {r.subject}", r.entities) < cc["record_match"]:
@@ -424,7 +426,9 @@ class ArborMemory:
 
         # Structured blocks
         if abl["structured_evidence"] and abl["structured_extraction"]:
-            arts = st.artifacts(conv, include_superseded="previous" in intents)
+            arts = st.search_artifacts(conv, question, cc["evidence_k"])
+            if "previous" not in intents:
+                arts = [a for a in arts if a.superseded_by is None]
             lines = []
             for a in arts:
                 if relevant(f"{a.name} {a.subject} {' '.join(a.items)}", a.entities) < cc["artifact_match"]:

@@ -30,15 +30,17 @@ class Reranker(Protocol):
 
 class HeuristicReranker:
     def __init__(self, w_entity: float = 0.35, w_lexical: float = 0.3, w_semantic: float = 0.2,
-                 w_recency: float = 0.15, conflict_penalty: float = 0.25):
+                 w_recency: float = 0.15, conflict_penalty: float = 0.25, entity_miss_factor: float = 0.5):
         self.name = "heuristic"
         self.w = dict(entity=w_entity, lexical=w_lexical, semantic=w_semantic, recency=w_recency)
         self.conflict_penalty = conflict_penalty
+        self.entity_miss_factor = entity_miss_factor
 
     def score(self, query: str, candidates: list[Candidate]) -> list[float]:
         if not candidates:
             return []
         q_ents = {e.lower() for e in find_entities(query)}
+        q_names = {e for e in q_ents if not any(ch.isdigit() for ch in e)}
         q_stems = stems(query)
         cand_ents = [{e.lower() for e in c.entities} for c in candidates]
         known = set().union(*cand_ents) if cand_ents else set()
@@ -55,6 +57,9 @@ class HeuristicReranker:
             # the input names an entity another branch owns and this branch does not: parallel agenda
             if (q_ents & known) - ents:
                 s -= self.conflict_penalty * len((q_ents & known) - ents) / max(1, len(q_ents))
+            # the input names people/places and this branch knows none of them: likely another trajectory
+            if q_names and not (q_names & ents):
+                s *= self.entity_miss_factor
             out.append(max(0.0, min(1.0, s)))
         return out
 

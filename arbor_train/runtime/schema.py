@@ -135,9 +135,10 @@ class Candidate:
     def document(self) -> str:
         """The branch-aware text the rerankers score against the input."""
         ents = ", ".join(self.entities[:12])
+        # most truncatable field last: encoders cut the pair at max_length
         return (
-            f"Topic: {self.topic_key}\nPath: {self.path_summary}\nState: {self.node_summary}\n"
-            f"Entities: {ents}"
+            f"Topic: {self.topic_key}\nState: {self.node_summary}\nEntities: {ents}\n"
+            f"Path: {self.path_summary}"
         )
 
 

@@ -58,6 +58,10 @@ CREATE TABLE IF NOT EXISTS events(
   category TEXT NOT NULL, quantity REAL, unit TEXT, date TEXT, text TEXT NOT NULL, entities TEXT NOT NULL,
   sources TEXT NOT NULL, timestamps TEXT NOT NULL, seq INTEGER NOT NULL, root_id INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS events_conv ON events(conversation_id, seq);
+CREATE TABLE IF NOT EXISTS forked_roots(root_id INTEGER PRIMARY KEY);
+CREATE VIRTUAL TABLE IF NOT EXISTS record_fts USING fts5(conv, lex, tokenize='porter unicode61');
+CREATE VIRTUAL TABLE IF NOT EXISTS artifact_fts USING fts5(conv, lex, tokenize='porter unicode61');
+CREATE VIRTUAL TABLE IF NOT EXISTS event_fts USING fts5(conv, lex, tokenize='porter unicode61');
 """
 
 _NODE_COLS = ("id, conversation_id, seq, ts, parent_id, root_id, depth, user_text, assistant_text, "
@@ -150,6 +154,9 @@ class Store:
              json.dumps(n.keywords), emb),
         )
         nid = int(cur.lastrowid)
+        if n.parent_id is not None and self.db.execute(
+                "SELECT 1 FROM nodes WHERE parent_id=? AND id<>? LIMIT 1", (n.parent_id, nid)).fetchone():
+            self.db.execute("INSERT OR IGNORE INTO forked_roots VALUES(?)", (n.root_id,))
         if n.root_id < 0:
             self.db.execute("UPDATE nodes SET root_id=? WHERE id=?", (nid, nid))
             n.root_id = nid
@@ -205,16 +212,34 @@ class Store:
             f"SELECT {_NODE_COLS} FROM nodes WHERE conversation_id=? ORDER BY seq DESC LIMIT ?", (conv, n))
         return [self._node(r) for r in rows][::-1]
 
-    def trajectory(self, node_id: int) -> list[Node]:
-        """Root-to-node trajectory."""
+    def trajectory(self, node_id: int, max_nodes: int | None = None) -> list[Node]:
+        """Root-to-node trajectory; with max_nodes, the root plus the newest max_nodes - 1 nodes."""
+        limit = -1 if max_nodes is None else max(1, max_nodes - 1)
         rows = self.db.execute(
             f"""WITH RECURSIVE up(id, k) AS (SELECT ?, 0 UNION ALL
-                SELECT n.parent_id, up.k + 1 FROM nodes n JOIN up ON n.id = up.id WHERE n.parent_id IS NOT NULL)
+                SELECT n.parent_id, up.k + 1 FROM nodes n JOIN up ON n.id = up.id
+                WHERE n.parent_id IS NOT NULL AND (? < 0 OR up.k + 1 < ?))
                 SELECT {', '.join('n.' + c.strip() for c in _NODE_COLS.split(','))} FROM up JOIN nodes n ON n.id = up.id
                 ORDER BY up.k DESC""",
-            (node_id,),
+            (node_id, limit, limit),
         )
-        return [self._node(r) for r in rows]
+        path = [self._node(r) for r in rows]
+        if path and path[0].parent_id is not None:  # truncated: keep the root in front for its topic
+            path.insert(0, self.get_node(path[0].root_id))
+        return path
+
+    def tip(self, node_id: int) -> int:
+        """Latest node of the trajectory through node_id (its latest descendant).
+
+        A root whose nodes form a single chain (the usual case: localization attaches at tips) answers
+        from the (root_id, seq) index; a forked root walks the subtree.
+        """
+        row = self.db.execute("SELECT root_id FROM nodes WHERE id=?", (node_id,)).fetchone()
+        if row is None:
+            raise KeyError(f"node {node_id} does not exist")
+        if not self.db.execute("SELECT 1 FROM forked_roots WHERE root_id=?", (row[0],)).fetchone():
+            return self.latest_in_root(int(row[0]))
+        return self.latest_descendant(node_id)
 
     def latest_descendant(self, node_id: int) -> int:
         row = self.db.execute(
@@ -331,6 +356,8 @@ class Store:
         rid = int(cur.lastrowid)
         if supersedes is not None:
             self.db.execute("UPDATE records SET superseded_by=? WHERE id=?", (rid, supersedes))
+        self.db.execute("INSERT INTO record_fts(rowid, conv, lex) VALUES(?,?,?)",
+                        (rid, conv_token(conv).strip('"'), f"{key.replace('_', ' ')} {subject} {value} {' '.join(entities)}"))
         return rid
 
     def add_record_source(self, rec: StateRecord, node_id: int, ts: str | None) -> None:
@@ -385,6 +412,8 @@ class Store:
         aid = int(cur.lastrowid)
         if supersedes is not None:
             self.db.execute("UPDATE artifacts SET superseded_by=? WHERE id=?", (aid, supersedes))
+        self.db.execute("INSERT INTO artifact_fts(rowid, conv, lex) VALUES(?,?,?)",
+                        (aid, conv_token(conv).strip('"'), f"{name} {subject} {' '.join(items)} {' '.join(entities)}"))
         return aid
 
     def artifacts(self, conv: str, include_superseded: bool = False) -> list[Artifact]:
@@ -409,11 +438,45 @@ class Store:
             (conv, ev.get("subject", ""), ev["action"], ev.get("category", ""), ev.get("quantity"), ev.get("unit"),
              ev.get("date") or ts, ev["text"], json.dumps(ev.get("entities", [])), json.dumps([node_id]),
              json.dumps([ts]), seq, root_id))
-        return int(cur.lastrowid)
+        eid = int(cur.lastrowid)
+        self.db.execute("INSERT INTO event_fts(rowid, conv, lex) VALUES(?,?,?)",
+                        (eid, conv_token(conv).strip('"'), f"{ev.get('subject', '')} {ev['action']} {ev.get('category', '')} "
+                         f"{ev['text']} {' '.join(ev.get('entities', []))}"))
+        return eid
 
     def events(self, conv: str) -> list[Event]:
         return [self._ev(r) for r in self.db.execute(
             f"SELECT {self._EV_COLS} FROM events WHERE conversation_id=? ORDER BY seq, id", (conv,))]
+
+    def _search_ids(self, table: str, conv: str, text: str, k: int) -> list[int]:
+        q = fts_query(text)
+        if not q:
+            return []
+        return [int(r[0]) for r in self.db.execute(
+            f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY bm25({table}, 0.0, 1.0) LIMIT ?",
+            (f"conv:{conv_token(conv)} AND lex:({q})", k))]
+
+    def search_records(self, conv: str, text: str, k: int) -> list[StateRecord]:
+        """Records matching the text, with every version of their revision chains (old -> new)."""
+        out: dict[int, StateRecord] = {}
+        for rid in self._search_ids("record_fts", conv, text, k):
+            for r in self.record_history(rid):
+                out[r.id] = r
+        return sorted(out.values(), key=lambda r: (r.seq, r.id))
+
+    def search_artifacts(self, conv: str, text: str, k: int) -> list[Artifact]:
+        ids = self._search_ids("artifact_fts", conv, text, k)
+        if not ids:
+            return []
+        q = f"SELECT {self._ART_COLS} FROM artifacts WHERE id IN ({','.join('?' * len(ids))}) ORDER BY seq, id"
+        return [self._art(r) for r in self.db.execute(q, ids)]
+
+    def search_events(self, conv: str, text: str, k: int) -> list[Event]:
+        ids = self._search_ids("event_fts", conv, text, k)
+        if not ids:
+            return []
+        q = f"SELECT {self._EV_COLS} FROM events WHERE id IN ({','.join('?' * len(ids))}) ORDER BY seq, id"
+        return [self._ev(r) for r in self.db.execute(q, ids)]
 
     def counts(self, conv: str) -> dict[str, int]:
         out = {}

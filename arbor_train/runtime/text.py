@@ -14,9 +14,9 @@ import Stemmer
 
 _WORD = re.compile(r"[A-Za-z0-9$€£][A-Za-z0-9'’\-\.$€£%]*[A-Za-z0-9%]|[A-Za-z0-9$%]")
 _TOKEN = re.compile(r"\w+|[^\w\s]", re.UNICODE)
-_SENT = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'])")
+_SENT = re.compile(r"(?<!\bDr\.)(?<!\bMr\.)(?<!\bMs\.)(?<!\bSt\.)(?<!\bMrs\.)(?<=[.!?])\s+(?=[A-Z0-9\"'])")
 _CAP_SEQ = re.compile(
-    r"\b(?:[A-Z][a-z'’]+|[A-Z]{2,})(?:\s+(?:of|de|la|van|von|the)?\s*(?:[A-Z][a-z'’]+|[A-Z]{2,}))*"
+    r"\b(?:(?:Dr|Mr|Mrs|Ms|Prof|St)\.\s+)?(?:[A-Z][A-Za-z'’]+|[A-Z]{2,})(?:\s+(?:of|de|la|van|von)?\s*(?:[A-Z][A-Za-z'’]+|[A-Z]{2,}))*"
 )
 _NUMBER = re.compile(r"[$€£]?\d[\d,]*(?:\.\d+)?\s?(?:%|k|km|kg|mi|h|hours|minutes|days|usd|eur)?\b", re.I)
 _DATE = re.compile(
@@ -52,6 +52,13 @@ _NOT_ENTITY = frozenset(
     Next Currently Previously Before After Today Tomorrow Yesterday Monday Tuesday Wednesday Thursday
     Friday Saturday Sunday January February March April May June July August September October November
     December""".split()
+)
+
+# Capitalised only because they start a sentence: imperative and reporting verbs, common openers.
+_SENTENCE_OPENERS = frozenset(
+    """add book buy cancel change check confirm count find keep let list make move note noted plan put remember
+    remind schedule send set show switch tell update use bump raise lower push drop swap start stop try
+    going planning thinking looking quick small big new old happy glad great sounds""".split()
 )
 
 _stemmer = Stemmer.Stemmer("english")
@@ -111,14 +118,21 @@ def entities(text: str, k: int = 16) -> list[str]:
             seen.add(key)
             out.append(e)
 
+    spans = []
     for m in _CAP_SEQ.finditer(text or ""):
-        span = m.group(0)
+        start = m.start()
+        for piece in re.split(r"(?<=['’]s)\s+", m.group(0)):  # "Chen's NeurIPS" is two entities
+            spans.append((start, piece))
+            start += len(piece) + 1
+    for start, span in spans:
         parts = span.split()
-        at_start = m.start() == 0 or (text[: m.start()].rstrip()[-1:] in {".", "!", "?", ":", "\n", '"'})
-        while parts and (parts[0] in _NOT_ENTITY or parts[0].lower() in {"of", "de", "la", "the"}
-                         or (at_start and len(parts) == 1 and parts[0].lower().endswith("ly"))):
+        at_start = start == 0 or (text[:start].rstrip()[-1:] in {".", "!", "?", ":", "\n", '"'})
+        while parts and (parts[0] in _NOT_ENTITY or parts[0].lower() in {"of", "de", "la"}
+                         or (at_start and len(parts) == 1 and parts[0].lower().endswith("ly"))
+                         or (at_start and (parts[0].lower() in _SENTENCE_OPENERS
+                                           or (parts[0].lower().endswith("ed") and len(parts[0]) > 4)))):
             parts = parts[1:]
-        while parts and parts[-1].lower() in {"of", "de", "la", "the"}:
+        while parts and parts[-1].lower() in {"of", "de", "la"}:
             parts = parts[:-1]
         if not parts:
             continue
