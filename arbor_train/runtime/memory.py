@@ -377,20 +377,18 @@ class ArborMemory:
             blocks.append(packer.fill(Block("Computed"), [(l, src) for l in lines], cc["structured_budget"]))
 
         # Update evidence (old -> new chains) and current states
-        records = st.search_records(conv, question, cc["evidence_k"]) if abl["structured_extraction"] else []
-        chains: dict[int, list] = {}
-        for r in records:
+        chains = (st.search_records(conv, question, cc["evidence_k"], cc["max_versions"])
+                  if abl["structured_extraction"] else [])
+        kept_chains = []
+        for chain in chains:
+            r = chain[-1]
             if relevant(f"{r.key.replace('_', ' ')} {r.value} {r.subject}", r.entities) < cc["record_match"]:
                 continue
             if r.subject != "user" and q_ents and r.subject.lower() not in q_ents:
                 continue
-            head = r
-            while head.supersedes is not None:
-                head = next(x for x in records if x.id == head.supersedes)
-            chains.setdefault(head.id, []).append(r)
+            kept_chains.append(chain)
         update_lines, state_lines = [], []
-        for chain in chains.values():
-            chain.sort(key=lambda r: r.seq)
+        for chain in kept_chains:
             label = f"{chain[0].key} ({chain[0].subject})"
             src = sorted({s for r in chain for s in r.sources})
             if len(chain) > 1:

@@ -76,6 +76,7 @@ class StateRecord:
     root_id: int
     supersedes: int | None = None
     superseded_by: int | None = None
+    chain_id: int | None = None  # id of the first version: all revisions of one state share it
 
     @property
     def current(self) -> bool:

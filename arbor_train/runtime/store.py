@@ -46,8 +46,10 @@ CREATE TABLE IF NOT EXISTS records(
   id INTEGER PRIMARY KEY, conversation_id TEXT NOT NULL, key TEXT NOT NULL, subject TEXT NOT NULL,
   value TEXT NOT NULL, tag TEXT NOT NULL, entities TEXT NOT NULL, evidence TEXT NOT NULL,
   sources TEXT NOT NULL, timestamps TEXT NOT NULL, seq INTEGER NOT NULL, root_id INTEGER NOT NULL,
-  supersedes INTEGER REFERENCES records(id), superseded_by INTEGER REFERENCES records(id));
+  supersedes INTEGER REFERENCES records(id), superseded_by INTEGER REFERENCES records(id),
+  chain_id INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS records_key ON records(conversation_id, key, subject);
+CREATE INDEX IF NOT EXISTS records_chain ON records(chain_id, seq);
 CREATE TABLE IF NOT EXISTS artifacts(
   id INTEGER PRIMARY KEY, conversation_id TEXT NOT NULL, name TEXT NOT NULL, subject TEXT NOT NULL,
   items TEXT NOT NULL, entities TEXT NOT NULL, sources TEXT NOT NULL, timestamps TEXT NOT NULL,
@@ -332,13 +334,13 @@ class Store:
 
     # ------------------------------------------------------------------ evidence: mutable states
     _REC_COLS = ("id, key, subject, value, tag, entities, evidence, sources, timestamps, seq, root_id, "
-                 "supersedes, superseded_by")
+                 "supersedes, superseded_by, chain_id")
 
     @staticmethod
     def _rec(r) -> StateRecord:
         return StateRecord(id=r[0], key=r[1], subject=r[2], value=r[3], tag=r[4], entities=json.loads(r[5]),
                            evidence=r[6], sources=json.loads(r[7]), timestamps=json.loads(r[8]), seq=r[9],
-                           root_id=r[10], supersedes=r[11], superseded_by=r[12])
+                           root_id=r[10], supersedes=r[11], superseded_by=r[12], chain_id=r[13])
 
     def current_records(self, conv: str, key: str, subject: str) -> list[StateRecord]:
         return [self._rec(r) for r in self.db.execute(
@@ -348,12 +350,17 @@ class Store:
     def add_record(self, conv: str, key: str, subject: str, value: str, tag: str, entities: list[str],
                    evidence: str, node_id: int, ts: str | None, seq: int, root_id: int,
                    supersedes: int | None) -> int:
+        chain = None
+        if supersedes is not None:
+            chain = self.db.execute("SELECT chain_id FROM records WHERE id=?", (supersedes,)).fetchone()[0]
         cur = self.db.execute(
             "INSERT INTO records(conversation_id, key, subject, value, tag, entities, evidence, sources, "
-            "timestamps, seq, root_id, supersedes) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)",
+            "timestamps, seq, root_id, supersedes, chain_id) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (conv, key, subject, value, tag, json.dumps(entities), evidence, json.dumps([node_id]),
-             json.dumps([ts]), seq, root_id, supersedes))
+             json.dumps([ts]), seq, root_id, supersedes, chain if chain is not None else -1))
         rid = int(cur.lastrowid)
+        if chain is None:
+            self.db.execute("UPDATE records SET chain_id=? WHERE id=?", (rid, rid))
         if supersedes is not None:
             self.db.execute("UPDATE records SET superseded_by=? WHERE id=?", (rid, supersedes))
         self.db.execute("INSERT INTO record_fts(rowid, conv, lex) VALUES(?,?,?)",
@@ -376,17 +383,14 @@ class Store:
         r = self.db.execute(f"SELECT {self._REC_COLS} FROM records WHERE id=?", (rid,)).fetchone()
         return self._rec(r) if r else None
 
-    def record_history(self, rid: int) -> list[StateRecord]:
-        """Old-to-new revision chain that passes through record rid."""
-        rec = self.get_record(rid)
-        if rec is None:
+    def record_history(self, rid: int, last: int | None = None) -> list[StateRecord]:
+        """Old-to-new revision chain that passes through record rid (its newest `last` versions)."""
+        row = self.db.execute("SELECT chain_id FROM records WHERE id=?", (rid,)).fetchone()
+        if row is None:
             return []
-        while rec.supersedes is not None:
-            rec = self.get_record(rec.supersedes)
-        chain = [rec]
-        while chain[-1].superseded_by is not None:
-            chain.append(self.get_record(chain[-1].superseded_by))
-        return chain
+        rows = self.db.execute(f"SELECT {self._REC_COLS} FROM records WHERE chain_id=? ORDER BY seq DESC, id DESC"
+                               + (" LIMIT ?" if last else ""), (row[0], last) if last else (row[0],))
+        return [self._rec(r) for r in rows][::-1]
 
     # ------------------------------------------------------------------ evidence: artifacts
     _ART_COLS = "id, name, subject, items, entities, sources, timestamps, seq, root_id, supersedes, superseded_by"
@@ -456,13 +460,14 @@ class Store:
             f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY bm25({table}, 0.0, 1.0) LIMIT ?",
             (f"conv:{conv_token(conv)} AND lex:({q})", k))]
 
-    def search_records(self, conv: str, text: str, k: int) -> list[StateRecord]:
-        """Records matching the text, with every version of their revision chains (old -> new)."""
-        out: dict[int, StateRecord] = {}
-        for rid in self._search_ids("record_fts", conv, text, k):
-            for r in self.record_history(rid):
-                out[r.id] = r
-        return sorted(out.values(), key=lambda r: (r.seq, r.id))
+    def search_records(self, conv: str, text: str, k: int, versions: int = 4) -> list[list[StateRecord]]:
+        """Revision chains (old -> new, newest `versions` versions) of the records matching the text."""
+        ids = self._search_ids("record_fts", conv, text, k)
+        if not ids:
+            return []
+        q = f"SELECT DISTINCT chain_id FROM records WHERE id IN ({','.join('?' * len(ids))})"
+        chains = [int(r[0]) for r in self.db.execute(q, ids)]
+        return [self.record_history(c, versions) for c in chains]
 
     def search_artifacts(self, conv: str, text: str, k: int) -> list[Artifact]:
         ids = self._search_ids("artifact_fts", conv, text, k)
