@@ -37,3 +37,13 @@ def runtime_cfg(_runtime_cfg):
 @pytest.fixture
 def turns():
     return list(TURNS)
+
+
+def pytest_collection_modifyitems(config, items):
+    """`slow` tests (real pretrained models, long runs) run when ARBOR_SLOW=1 (as .ci/run sets) or -m slow."""
+    if os.environ.get("ARBOR_SLOW") == "1" or "slow" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow tier: set ARBOR_SLOW=1 (as .ci/run does) to run it")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

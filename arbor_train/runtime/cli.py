@@ -158,6 +158,13 @@ def _ingest(cfg: DictConfig) -> dict:
     if conv == "default" and file_conv:
         conv = file_conv
     path = _memory_path(cfg, must_exist=False)
+    if cfg.get("reset") and path.exists():  # start this memory file over (its vector index too)
+        import shutil
+
+        for extra in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+            extra.unlink(missing_ok=True)
+        shutil.rmtree(f"{path}.hnsw", ignore_errors=True)
+        print(f"reset: removed {path}")
     mem = _open(cfg, path, conv)
     routes: list[dict] = []
     verbose = len(turns) < PER_TURN_LINES_BELOW

@@ -1,0 +1,29 @@
+"""The README's set-up commands are the ones CI runs, and every config it names exists."""
+
+import re
+
+from arbor_train.paths import CONF_DIR, REPO_ROOT
+
+
+def readme_commands():
+    text = (REPO_ROOT / "README.md").read_text()
+    setup = text.split("## Set up on a fresh machine", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```bash\n(.*?)\n```", setup, re.S)
+
+
+def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one():
+    cmds = readme_commands()
+    assert len(cmds) == 2 and all("\n" not in c for c in cmds)
+    ci = (REPO_ROOT / ".ci" / "run").read_text()
+    assert cmds[1] in ci.splitlines(), ".ci/run must run the README test command verbatim"
+    assert "pip install -q torch==2.13.0" in cmds[0] and "pip install -q torch==2.13.0" in cmds[1]
+
+
+def test_files_named_by_the_readme_exist():
+    text = (REPO_ROOT / "README.md").read_text()
+    for rel in re.findall(r"input=(\S+\.json)", "\n".join(readme_commands())):
+        assert (REPO_ROOT / rel).exists(), rel
+    for profile in re.findall(r"`(default|minilm|prompted_smollm2|tuned)`", text):
+        assert (CONF_DIR / "runtime" / f"{profile}.yaml").exists(), profile
+    for img in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text):
+        assert (REPO_ROOT / img).exists(), img
