@@ -65,9 +65,12 @@ class VectorIndex:
             if vecs:
                 self.add([i for i, _ in vecs], np.stack([v for _, v in vecs]), autosave=False)
                 self.save()
+        elif self.path is not None and not self.path.exists() and len(db_ids) == 0:
+            self._unsaved = 0
 
     def save(self) -> None:
-        if self.path is None or self.index is None:
+        """Write the index file when it holds additions the file lacks (a read-only session writes nothing)."""
+        if self.path is None or self.index is None or (self._unsaved == 0 and self.path.exists()):
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")

@@ -81,14 +81,18 @@ class HFCausalLM:
             text += "<think>\n\n</think>\n\n"
         return text
 
+    def _batches(self, conversations: list[list[dict]]):
+        """Rendered, left-padded batches of prompts on the model's device."""
+        for i in range(0, len(conversations), self.batch_size):
+            texts = [self.render(m) for m in conversations[i : i + self.batch_size]]
+            yield self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False,
+                                 return_token_type_ids=False).to(self.device)
+
     def chat(self, conversations: list[list[dict]], max_new_tokens: int = 256) -> list[str]:
         import torch
 
         out: list[str] = []
-        for i in range(0, len(conversations), self.batch_size):
-            texts = [self.render(m) for m in conversations[i : i + self.batch_size]]
-            enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False,
-                                   return_token_type_ids=False).to(self.device)
+        for enc in self._batches(conversations):
             with torch.inference_mode():
                 gen = self.model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                           pad_token_id=self.tokenizer.pad_token_id)
@@ -101,10 +105,7 @@ class HFCausalLM:
 
         yes, no = self._yes_no
         out: list[float] = []
-        for i in range(0, len(conversations), self.batch_size):
-            texts = [self.render(m) for m in conversations[i : i + self.batch_size]]
-            enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False,
-                                   return_token_type_ids=False).to(self.device)
+        for enc in self._batches(conversations):
             with torch.inference_mode():
                 logits = self.model(**enc).logits[:, -1, :]
             pair = torch.stack([logits[:, no], logits[:, yes]], dim=-1).float()

@@ -417,7 +417,8 @@ class ArborMemory:
                     continue
                 if q_tags and f.tags and not (q_tags & set(f.tags)):
                     continue
-                lines.append((f"{ts_prefix(f.timestamps[-1])}{f.text}", f.sources))
+                stamp = next((t for t in reversed(f.timestamps) if t), None)
+                lines.append((f"{ts_prefix(stamp)}{f.text}", f.sources))
             blocks.append(packer.fill(Block("AtomicFacts"), lines, cc["fact_budget"]))
         if state_lines:
             blocks.append(packer.fill(Block("States"), state_lines, cc["update_budget"]))

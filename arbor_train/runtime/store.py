@@ -256,27 +256,25 @@ class Store:
         return int(self.db.execute("SELECT id FROM nodes WHERE root_id=? ORDER BY seq DESC LIMIT 1",
                                    (root_id,)).fetchone()[0])
 
-    def keyword_search(self, conv: str, text: str, k: int) -> list[tuple[int, float]]:
+    def fts_search(self, table: str, conv: str, text: str, k: int) -> list[tuple[int, float]]:
+        """BM25 search of one conversation's rows in an FTS5 table (columns: conv, then the text column)."""
         q = fts_query(text)
         if not q:
             return []
+        column = "topic" if table == "root_fts" else "lex"
         rows = self.db.execute(
-            "SELECT rowid, -bm25(node_fts, 0.0, 1.0) FROM node_fts WHERE node_fts MATCH ? "
-            "ORDER BY bm25(node_fts, 0.0, 1.0) LIMIT ?",
-            (f"conv:{conv_token(conv)} AND lex:({q})", k),
+            f"SELECT rowid, -bm25({table}, 0.0, 1.0) FROM {table} WHERE {table} MATCH ? "
+            f"ORDER BY bm25({table}, 0.0, 1.0) LIMIT ?",
+            (f"conv:{conv_token(conv)} AND {column}:({q})", k),
         )
         return [(int(r[0]), float(r[1])) for r in rows]
 
+    def keyword_search(self, conv: str, text: str, k: int) -> list[tuple[int, float]]:
+        return self.fts_search("node_fts", conv, text, k)
+
     def topic_search(self, conv: str, text: str, k: int) -> list[tuple[int, float]]:
-        q = fts_query(text)
-        if not q:
-            return []
-        rows = self.db.execute(
-            "SELECT rowid, -bm25(root_fts, 0.0, 1.0) FROM root_fts WHERE root_fts MATCH ? "
-            "ORDER BY bm25(root_fts, 0.0, 1.0) LIMIT ?",
-            (f"conv:{conv_token(conv)} AND topic:({q})", k),
-        )
-        return [(int(r[0]), float(r[1])) for r in rows]
+        """Branch roots whose topic anchor matches the text."""
+        return self.fts_search("root_fts", conv, text, k)
 
     def roots(self, conv: str) -> list[int]:
         return [int(r[0]) for r in self.db.execute(
@@ -453,12 +451,7 @@ class Store:
             f"SELECT {self._EV_COLS} FROM events WHERE conversation_id=? ORDER BY seq, id", (conv,))]
 
     def _search_ids(self, table: str, conv: str, text: str, k: int) -> list[int]:
-        q = fts_query(text)
-        if not q:
-            return []
-        return [int(r[0]) for r in self.db.execute(
-            f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY bm25({table}, 0.0, 1.0) LIMIT ?",
-            (f"conv:{conv_token(conv)} AND lex:({q})", k))]
+        return [i for i, _ in self.fts_search(table, conv, text, k)]
 
     def search_records(self, conv: str, text: str, k: int, versions: int = 4) -> list[list[StateRecord]]:
         """Revision chains (old -> new, newest `versions` versions) of the records matching the text."""
