@@ -1,0 +1,104 @@
+"""The written schema of every supervision set, in one place (Hugging Face `datasets.Features`).
+
+Generators build rows to these features; loaders (training, evaluation) call `validate_rows` or
+`check_dataset` so a set written by an older or foreign tool fails with the set, row and field named.
+The LoCoMo converter writes the same sets (its `turn` is the turn's position in the conversation).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from datasets import Features, Sequence, Value
+
+CANDIDATE = {
+    "turn": Value("int32"),            # turn index of the candidate state in its session
+    "topic_key": Value("string"),
+    "path_summary": Value("string"),
+    "node_summary": Value("string"),
+    "entities": Sequence(Value("string")),
+    "channels": Value("string"),       # JSON: recall channel -> score (semantic, keyword, topic, recency, fused)
+    "runtime_score": Value("float32"),
+    "recalled": Value("bool"),         # False: the gold state, added because recall missed it
+}
+_BASE = {"session_id": Value("string"), "turn": Value("int32"), "input": Value("string"),
+         "timestamp": Value("string")}
+
+SCHEMAS: dict[str, Features] = {
+    "sessions": Features({
+        "session_id": Value("string"), "seed": Value("int64"), "n_branches": Value("int32"),
+        "turns": [{"index": Value("int32"), "user": Value("string"), "assistant": Value("string"),
+                   "timestamp": Value("string"), "branch": Value("int32"), "move": Value("string"),
+                   "is_question": Value("bool"), "gold_parent": Value("int32")}],
+        "questions": [{"turn": Value("int32"), "type": Value("string"), "dimension": Value("string"),
+                       "gold": Value("string"), "confounder": Value("string"), "branch": Value("int32"),
+                       "confounder_branch": Value("int32")}],
+        "plan": Value("string"),       # JSON of the full plan (branches, slots, moves)
+    }),
+    "routing": Features({**_BASE, "candidates": [CANDIDATE], "gold_parent": Value("int32"),  # -1 = new root
+                         "runtime_choice": Value("int32"), "route": Value("string"), "gold_recalled": Value("bool")}),
+    "localization": Features({**_BASE, "candidates": [CANDIDATE], "gold_states": Sequence(Value("int32")),
+                              "gold_tip": Value("int32"), "runtime_choice": Value("int32"),
+                              "question_type": Value("string"), "dimension": Value("string"),
+                              "gold": Value("string"), "confounder": Value("string"),
+                              "confounder_states": Sequence(Value("int32"))}),
+    # target: JSON object {"states": [...], "facts": [...], "entities": [...], "artifacts": [...], "events": [...]}
+    # in the shapes of arbor_train.runtime.validate (states: key, value, tag, entities, evidence; <= 6 slots)
+    "extraction": Features({**_BASE, "assistant": Value("string"), "target": Value("string"),
+                            "summary": Value("string")}),
+    "tags": Features({**_BASE, "source": Value("string"), "tags": Sequence(Value("string"))}),
+    "summaries": Features({**_BASE, "assistant": Value("string"), "summary": Value("string")}),
+}
+
+
+class SchemaError(ValueError):
+    pass
+
+
+def _check(value: Any, feat: Any, where: str) -> None:
+    if isinstance(feat, dict):
+        if not isinstance(value, dict):
+            raise SchemaError(f"{where}: expected an object")
+        missing = set(feat) - set(value)
+        extra = set(value) - set(feat)
+        if missing or extra:
+            raise SchemaError(f"{where}: missing fields {sorted(missing)}, unknown fields {sorted(extra)}")
+        for k, f in feat.items():
+            _check(value[k], f, f"{where}.{k}")
+    elif isinstance(feat, list):
+        if not isinstance(value, list):
+            raise SchemaError(f"{where}: expected a list")
+        for i, v in enumerate(value):
+            _check(v, feat[0], f"{where}[{i}]")
+    elif isinstance(feat, Sequence):
+        if not isinstance(value, list):
+            raise SchemaError(f"{where}: expected a list")
+        for i, v in enumerate(value):
+            _check(v, feat.feature, f"{where}[{i}]")
+    elif isinstance(feat, Value):
+        if value is None:
+            if feat.dtype in ("string", "int32", "int64") and where.endswith(("timestamp", "confounder", "gold_tip")):
+                return
+            raise SchemaError(f"{where}: null is not allowed")
+        ok = {"string": str, "bool": bool, "int32": int, "int64": int, "float32": (int, float)}[feat.dtype]
+        if not isinstance(value, ok) or (ok is int and isinstance(value, bool)):
+            raise SchemaError(f"{where}: expected {feat.dtype}, got {type(value).__name__}")
+
+
+def validate_rows(name: str, rows: list[dict], source: str = "") -> None:
+    """Check rows against the named schema; the error names the set, the row and the field."""
+    if name not in SCHEMAS:
+        raise SchemaError(f"unknown supervision set {name!r}; known: {sorted(SCHEMAS)}")
+    feats = dict(SCHEMAS[name])
+    for i, row in enumerate(rows):
+        _check(row, feats, f"{source}{name}[{i}]")
+
+
+def check_dataset(name: str, ds) -> None:
+    """A loaded datasets.Dataset has exactly the schema of its set."""
+    if name not in SCHEMAS:
+        raise SchemaError(f"unknown supervision set {name!r}; known: {sorted(SCHEMAS)}")
+    if ds.features != SCHEMAS[name]:
+        want, got = set(SCHEMAS[name]), set(ds.features)
+        raise SchemaError(f"set {name!r}: features differ from the schema (missing {sorted(want - got)}, "
+                          f"unknown {sorted(got - want)}, or a field's type changed)")
