@@ -242,11 +242,14 @@ def write_output(out_dir: Path, rows: dict[str, list[dict]], stats: dict, cfg_te
     dd = {}
     for name, data in rows.items():
         validate_rows(name, data[:200])
-        with open(tmp / "jsonl" / f"{name}.jsonl", "w", encoding="utf-8") as f:
+        jsonl = tmp / "jsonl" / f"{name}.jsonl"
+        with open(jsonl, "w", encoding="utf-8") as f:
             for row in data:
                 f.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
-        ds = Dataset.from_list(data, features=SCHEMAS[name])
-        ds._fingerprint = hashlib.sha256((tmp / "jsonl" / f"{name}.jsonl").read_bytes()).hexdigest()[:16]
+        # the Arrow/Parquet copies are built from the JSONL mirror, so a merge of shards (which reads
+        # JSONL) and a single run produce byte-identical files
+        ds = Dataset.from_list([json.loads(line) for line in jsonl.open(encoding="utf-8")], features=SCHEMAS[name])
+        ds._fingerprint = hashlib.sha256(jsonl.read_bytes()).hexdigest()[:16]
         ds.to_parquet(str(tmp / "parquet" / f"{name}.parquet"))
         dd[name] = ds
     DatasetDict(dd).save_to_disk(str(tmp / "hf"))

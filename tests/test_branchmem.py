@@ -1,0 +1,228 @@
+"""BranchMemEval-style generator: composition, determinism, shards, validation rules, schemas."""
+
+import copy
+import filecmp
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from arbor_train.paths import CONF_DIR
+from data_gen.branchmem import lexicon
+from data_gen.branchmem.__main__ import run
+from data_gen.branchmem.generate import build_session, session_targets
+from data_gen.branchmem.validate import validate_session
+from data_gen.schema import SCHEMAS, SchemaError, check_dataset, validate_rows
+
+
+def cfg(*overrides):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="data_gen", overrides=["progress=false", "workers=1", *overrides])
+
+
+def preset(name="formal"):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg(f"preset={name}").preset, resolve=True)
+
+
+def all_files(d: Path) -> list[Path]:
+    return sorted(p.relative_to(d) for p in d.rglob("*") if p.is_file())
+
+
+def same_tree(a: Path, b: Path) -> bool:
+    fa, fb = all_files(a), all_files(b)
+    return fa == fb and all(filecmp.cmp(a / f, b / f, shallow=False) for f in fa)
+
+
+@pytest.fixture(scope="module")
+def formal(tmp_path_factory):
+    out = tmp_path_factory.mktemp("formal") / "set"
+    stats = run(cfg("preset=formal", "seed=0", f"out_dir={out}"))
+    return out, stats
+
+
+def test_formal_preset_has_the_paper_composition(formal):
+    out, _ = formal
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["sessions"] == 33 and stats["questions"] == 100 and stats["non_question_turns"] == 1442
+    assert stats["turns_per_session"] == {"min": 42, "max": 52, "mean": 46.73}
+    assert set(stats["branches_per_session"]) <= {"3", "4"} and sum(stats["branches_per_session"].values()) == 33
+    assert set(stats["questions_by_type"]) == {"update_current", "update_previous", "delayed_fact", "artifact_order",
+                                              "event_count", "event_sum", "parallel_fact"}
+    assert set(stats["questions_by_dimension"]) == {"interleaving", "delayed_resumption", "parallel_confusion"}
+    assert stats["validation"]["sessions_valid"] == 33 and stats["validation"]["checks_run"] > 0
+    card = (out / "README.md").read_text()
+    assert "| 33 | 100 | 1,442 | 42 / 52 / 46.73 |" in card and "## Validation" in card
+
+
+def test_output_formats_load_and_match_the_schemas(formal):
+    from datasets import load_from_disk
+    import pyarrow.parquet as pq
+
+    out, _ = formal
+    dd = load_from_disk(str(out / "hf"))
+    assert set(dd) == set(SCHEMAS)
+    for name, ds in dd.items():
+        check_dataset(name, ds)
+        assert pq.read_table(out / "parquet" / f"{name}.parquet").num_rows == len(ds)
+        rows = [json.loads(line) for line in (out / "jsonl" / f"{name}.jsonl").open()]
+        assert len(rows) == len(ds)
+        validate_rows(name, rows)
+    assert len(dd["localization"]) == 100 and len(dd["routing"]) == 1442
+    # routing candidates are the runtime's recall and include the gold parent (added when missed)
+    for ex in dd["routing"].select(range(200)):
+        if ex["gold_parent"] >= 0:
+            assert ex["gold_parent"] in [c["turn"] for c in ex["candidates"]]
+        assert all(c["turn"] < ex["turn"] for c in ex["candidates"])
+    # extraction targets are strict JSON that the runtime's validator accepts unchanged
+    from arbor_train.runtime.validate import ValidationReport, validate_items
+
+    for ex in dd["extraction"].select(range(300)):
+        target = json.loads(ex["target"])
+        for kind in ("states", "facts", "artifacts", "events"):
+            rep = ValidationReport()
+            assert validate_items(target[kind], kind, rep) and rep.clean or not target[kind]
+
+
+def test_same_seed_is_byte_identical_and_another_seed_differs(formal, tmp_path):
+    out, _ = formal
+    again = tmp_path / "again"
+    run(cfg("preset=formal", "seed=0", f"out_dir={again}", "workers=2"))
+    assert same_tree(out, again)
+    other = tmp_path / "other"
+    run(cfg("preset=smoke", "seed=1", f"out_dir={other}"))
+    s0 = json.loads((out / "jsonl" / "sessions.jsonl").open().readline())
+    s1 = json.loads((other / "jsonl" / "sessions.jsonl").open().readline())
+    assert s0["turns"][0]["user"] != s1["turns"][0]["user"]
+
+
+def test_shards_merge_into_the_single_run_output(tmp_path):
+    single = tmp_path / "single"
+    run(cfg("preset=smoke", "seed=3", f"out_dir={single}"))
+    shards = []
+    for i in range(2):
+        run(cfg("preset=smoke", "seed=3", f"out_dir={tmp_path / 'shards'}", "shard.count=2", f"shard.index={i}"))
+        shards.append(tmp_path / "shards" / f"shard-{i:05d}-of-00002")
+    merged = tmp_path / "merged"
+    run(cfg("command=merge", "preset=smoke", "seed=3", f"out_dir={merged}",
+            f"merge_from=[{shards[1]},{shards[0]}]"))
+    assert same_tree(single, merged)
+    with pytest.raises(ValueError, match="not a complete set"):
+        run(cfg("command=merge", "preset=smoke", "seed=3", f"out_dir={tmp_path / 'bad'}", f"merge_from=[{shards[1]}]"))
+
+
+def test_existing_out_dir_is_never_replaced_silently(formal):
+    out, _ = formal
+    before = (out / "stats.json").read_bytes()
+    with pytest.raises(FileExistsError, match="overwrite=true"):
+        run(cfg("preset=smoke", f"out_dir={out}"))
+    assert (out / "stats.json").read_bytes() == before
+
+
+@pytest.mark.parametrize("overrides, msg", [
+    (["shard.index=2", "shard.count=2"], "shard.index=2"),
+    (["command=shuffle"], "option command"),
+    (["preset.turns_min=60"], "preset.turns_min"),
+    (["command=merge"], "merge_from"),
+])
+def test_bad_options_fail_with_the_option_named(overrides, msg, tmp_path):
+    with pytest.raises(ValueError, match=msg):
+        run(cfg(f"out_dir={tmp_path / 'x'}", *overrides))
+    assert not (tmp_path / "x").exists()
+
+
+def test_schema_validation_names_set_row_and_field():
+    row = {"session_id": "s", "turn": 1, "input": "hi", "timestamp": None, "source": "turn", "tags": ["money"]}
+    validate_rows("tags", [row])
+    with pytest.raises(SchemaError, match=r"tags\[1\]\.tags\[0\]: expected string"):
+        validate_rows("tags", [row, dict(row, tags=[3])])
+    with pytest.raises(SchemaError, match=r"missing fields \['source'\]"):
+        validate_rows("tags", [{k: v for k, v in row.items() if k != "source"}])
+    with pytest.raises(SchemaError, match="unknown supervision set"):
+        validate_rows("nope", [])
+
+
+# ---------------------------------------------------------------- each validation rule fails on a hand-made session
+@pytest.fixture(scope="module")
+def valid_session():
+    p = preset("formal")
+    plan, turns, _ = build_session(0, p, 0, session_targets(p, 0))
+    assert validate_session(plan, turns, p["delay_min"]) == {}
+    return p, plan, turns
+
+
+def _first_question(turns, types=None):
+    return next(t for t in turns if t.is_question and (types is None or t.question["type"] in types))
+
+
+def _find_session_with(p, types):
+    targets = session_targets(p, 0)
+    for i in range(33):
+        plan, turns, _ = build_session(i, p, 0, targets)
+        if any(t.is_question and t.question["type"] in types for t in turns):
+            return plan, turns
+    raise AssertionError(f"no session with {types}")
+
+
+def test_rule_support_catches_an_unsupported_gold(valid_session):
+    p, plan, turns = copy.deepcopy(valid_session)
+    q = _first_question(turns)
+    q.question["gold"] = "Atlantis"
+    assert "support" in validate_session(plan, turns, p["delay_min"])
+
+
+def test_rule_support_catches_a_question_asked_before_its_support(valid_session):
+    p, plan, turns = copy.deepcopy(valid_session)
+    q = _first_question(turns)
+    support = [t for t in turns[: q.index] if t.branch == q.branch]
+    for t in support:  # the prefix no longer states anything about this branch
+        t.extraction = {"states": [], "facts": [], "entities": [], "artifacts": [], "events": []}
+    assert "support" in validate_session(plan, turns, p["delay_min"])
+
+
+def test_rule_no_leak_catches_an_answer_in_the_question(valid_session):
+    p, plan, turns = copy.deepcopy(valid_session)
+    q = _first_question(turns)
+    q.user = q.user.rstrip("?") + f" Is it {q.question['gold']}?"
+    assert "no_leak" in validate_session(plan, turns, p["delay_min"])
+    p, plan, turns = copy.deepcopy(valid_session)
+    q = _first_question(turns)
+    q.user = q.user + f" (not {q.question['confounder']})"
+    assert "no_leak" in validate_session(plan, turns, p["delay_min"])
+
+
+def test_rule_confounder_catches_equal_or_absent_confounders(valid_session):
+    p, plan, turns = copy.deepcopy(valid_session)
+    q = _first_question(turns)
+    q.question["confounder"] = q.question["gold"]
+    assert "confounder" in validate_session(plan, turns, p["delay_min"])
+    p, plan, turns = copy.deepcopy(valid_session)
+    q = _first_question(turns)
+    q.question["confounder"] = "Narnia"
+    assert "confounder" in validate_session(plan, turns, p["delay_min"])
+
+
+def test_rule_delayed_catches_a_resumption_that_is_not_delayed():
+    p = preset("formal")
+    plan, turns = _find_session_with(p, {"delayed_fact"})
+    q = _first_question(turns, {"delayed_fact"})
+    assert validate_session(plan, turns, p["delay_min"]) == {}
+    # move the branch's previous turn right before the question: no longer a delayed resumption
+    prev = max(t.index for t in turns[: q.index] if t.branch == q.branch)
+    turns[q.index - 1].branch, turns[prev].branch = q.branch, turns[q.index - 1].branch
+    assert "delayed" in validate_session(plan, turns, p["delay_min"])
+
+
+def test_rule_distinct_catches_indistinguishable_parallel_branches(valid_session):
+    p, plan, turns = copy.deepcopy(valid_session)
+    b = plan.branches[0]
+    partner = plan.branches[b.partner]
+    partner.owner = b.owner
+    assert "distinct" in validate_session(plan, turns, p["delay_min"])
+
+
+def test_lexicons_are_large_and_clean():
+    lexicon.check()
+    assert len(lexicon.FIRST_NAMES) * len(lexicon.LAST_NAMES) > 100_000
