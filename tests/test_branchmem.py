@@ -226,3 +226,33 @@ def test_rule_distinct_catches_indistinguishable_parallel_branches(valid_session
 def test_lexicons_are_large_and_clean():
     lexicon.check()
     assert len(lexicon.FIRST_NAMES) * len(lexicon.LAST_NAMES) > 100_000
+
+
+# ---------------------------------------------------------------- verbalizer
+class FakeLLM:
+    name = "fake"
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def chat(self, conversations, max_new_tokens=96):
+        return [self.fn(c[-1]["content"].split("Message: ", 1)[1]) for c in conversations]
+
+
+def test_verbalizer_keeps_values_and_rejects_drops_and_leaks(valid_session):
+    from data_gen.branchmem.verbalize import VerbalizeReport, Verbalizer
+
+    p, plan, turns = copy.deepcopy(valid_session)
+    v = Verbalizer(FakeLLM(lambda text: "So, " + text[0].lower() + text[1:]))
+    report = VerbalizeReport()
+    out = v.rewrite(copy.deepcopy(turns), report)
+    assert report.accepted > 0 and report.accepted + sum(report.rejected.values()) == report.attempted
+    assert validate_session(plan, out, p["delay_min"]) == {}, "accepted rewrites keep the session valid"
+    assert any(o.user.startswith("So, ") for o in out)
+    # a rewrite that drops every value is rejected; one that adds an answer is rejected as a leak
+    t = next(x for x in turns if x.extraction["states"])
+    leak = next(x.question["gold"] for x in turns if x.is_question and x.question["gold"] not in t.user)
+    assert v.check(t, "Something happened with the plan.", [leak]) == "dropped_or_altered_value"
+    assert v.check(t, t.user + f" Maybe {leak} too.", [leak]) == "leak"
+    assert v.check(t, t.user + " Thanks!", [leak]) is None
+    assert v.check(t, "", []) == "shape"

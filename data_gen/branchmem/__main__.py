@@ -44,7 +44,8 @@ def _cfg_text(cfg: DictConfig) -> str:
     """What determines the data (preset, seed, mining profile): the same for shards and a single run."""
     return OmegaConf.to_yaml(OmegaConf.create({"preset": OmegaConf.to_container(cfg.preset, resolve=True),
                                                "seed": cfg.seed, "mine": cfg.mine,
-                                               "runtime_profile": cfg.runtime_profile}))
+                                               "runtime_profile": cfg.runtime_profile,
+                                               "verbalizer": OmegaConf.to_container(cfg.verbalizer, resolve=True)}))
 
 
 def run(cfg: DictConfig) -> dict:
@@ -58,8 +59,9 @@ def run(cfg: DictConfig) -> dict:
         out = Path(str(cfg.out_dir))
         if shard["count"] > 1:
             out = out / f"shard-{shard['index']:05d}-of-{shard['count']:05d}"
+        verbalizer = OmegaConf.to_container(cfg.verbalizer, resolve=True) if cfg.verbalizer.enabled else None
         stats = run_generation(p, int(cfg.seed), out, _runtime_cfg(cfg), int(cfg.workers), shard, _cfg_text(cfg),
-                               bool(cfg.overwrite), bool(cfg.progress))
+                               bool(cfg.overwrite), bool(cfg.progress), verbalizer)
         elapsed = stats.pop("_elapsed_s")
         stats.pop("_validation_reports")
         n = stats["sessions"]

@@ -46,10 +46,12 @@ def target_for(i: int, p: dict, seed: int, targets: list | None) -> tuple[int, i
     return r.randint(p["turns_min"], p["turns_max"]), r.choice(list(p["questions_per_session"]))
 
 
-def build_session(i: int, p: dict, seed: int, targets: list | None) -> tuple[Any, list[Turn], dict]:
-    """Plan, realize and validate session i, regenerating until it is valid."""
+def build_session(i: int, p: dict, seed: int, targets: list | None, verbalizer=None) -> tuple[Any, list[Turn], dict]:
+    """Plan, realize (optionally verbalize) and validate session i, regenerating until it is valid."""
+    from .verbalize import VerbalizeReport
+
     n_turns, n_q = target_for(i, p, seed, targets)
-    report = {"attempts": 0, "plan_errors": 0, "failures": Counter(), "checks": 0}
+    report = {"attempts": 0, "plan_errors": 0, "failures": Counter(), "checks": 0, "verbalize": VerbalizeReport()}
     for attempt in range(p["max_attempts"]):
         report["attempts"] += 1
         s = sub_seed(seed, i, attempt)
@@ -59,6 +61,8 @@ def build_session(i: int, p: dict, seed: int, targets: list | None) -> tuple[Any
             report["plan_errors"] += 1
             continue
         turns = realize(plan, start_day=i % 300)
+        if verbalizer is not None:
+            turns = verbalizer.rewrite(turns, report["verbalize"])
         report["checks"] += len(RULES)
         fails = validate_session(plan, turns, p["delay_min"])
         if not fails:
@@ -86,11 +90,18 @@ def session_row(plan, turns: list[Turn]) -> dict:
 _W: dict[str, Any] = {}
 
 
-def _init_worker(p: dict, seed: int, targets, runtime_cfg: dict | None) -> None:
+def _init_worker(p: dict, seed: int, targets, runtime_cfg: dict | None, verbalizer_cfg: dict | None = None) -> None:
     import torch
 
     torch.set_num_threads(1)
-    _W.update(p=p, seed=seed, targets=targets, runtime_cfg=runtime_cfg, components=None)
+    _W.update(p=p, seed=seed, targets=targets, runtime_cfg=runtime_cfg, components=None, verbalizer=None)
+    if verbalizer_cfg:
+        from arbor_train.runtime.llm import build_llm
+
+        from .verbalize import Verbalizer
+
+        _W["verbalizer"] = Verbalizer(build_llm(verbalizer_cfg["llm"]), verbalizer_cfg["max_new_tokens"],
+                                      verbalizer_cfg["max_ratio"])
     if runtime_cfg is not None:
         from arbor_train.runtime import build_components
 
@@ -98,7 +109,7 @@ def _init_worker(p: dict, seed: int, targets, runtime_cfg: dict | None) -> None:
 
 
 def _work(i: int) -> tuple[dict[str, list[dict]], dict]:
-    plan, turns, report = build_session(i, _W["p"], _W["seed"], _W["targets"])
+    plan, turns, report = build_session(i, _W["p"], _W["seed"], _W["targets"], _W["verbalizer"])
     rows: dict[str, list[dict]] = {"sessions": [session_row(plan, turns)]}
     if _W["runtime_cfg"] is not None:
         from .mine import mine_session
@@ -108,19 +119,19 @@ def _work(i: int) -> tuple[dict[str, list[dict]], dict]:
 
 
 def iter_sessions(indices: list[int], p: dict, seed: int, runtime_cfg: dict | None, workers: int,
-                  progress: bool = True) -> Iterator[tuple[dict, dict]]:
+                  progress: bool = True, verbalizer_cfg: dict | None = None) -> Iterator[tuple[dict, dict]]:
     from tqdm import tqdm
 
     targets = session_targets(p, seed)
     bar = tqdm(total=len(indices), desc=f"{p['name']} sessions", unit="session", disable=not progress)
     if workers <= 1:
-        _init_worker(p, seed, targets, runtime_cfg)
+        _init_worker(p, seed, targets, runtime_cfg, verbalizer_cfg)
         for i in indices:
             yield _work(i)
             bar.update()
     else:
         ctx = mp.get_context("fork")
-        with ctx.Pool(workers, initializer=_init_worker, initargs=(p, seed, targets, runtime_cfg)) as pool:
+        with ctx.Pool(workers, initializer=_init_worker, initargs=(p, seed, targets, runtime_cfg, verbalizer_cfg)) as pool:
             for out in pool.imap(_work, indices, chunksize=max(1, min(64, len(indices) // (workers * 8) or 1))):
                 yield out
                 bar.update()
@@ -156,9 +167,13 @@ def compute_stats(rows: dict[str, list[dict]], validation: dict) -> dict:
 
 def merge_validation(reports: list[dict]) -> dict:
     failures: Counter = Counter()
+    verbal: Counter = Counter()
     for r in reports:
         failures.update(r["failures"])
-    return {
+        v = r["verbalize"]
+        verbal.update({"attempted": v.attempted, "accepted": v.accepted,
+                       **{f"rejected_{k}": n for k, n in v.rejected.items()}})
+    out = {
         "rules": list(RULES),
         "checks_run": sum(r["checks"] for r in reports),
         "failures": {k: failures.get(k, 0) for k in RULES},
@@ -166,6 +181,9 @@ def merge_validation(reports: list[dict]) -> dict:
         "regenerated": sum(r["attempts"] - 1 for r in reports),
         "sessions_valid": len(reports),
     }
+    if verbal["attempted"]:
+        out["verbalizer"] = dict(sorted(verbal.items()))
+    return out
 
 
 def card(stats: dict, cfg_text: str, sample: dict) -> str:
@@ -270,14 +288,14 @@ def read_jsonl_sets(d: Path) -> dict[str, list[dict]]:
 
 
 def run_generation(p: dict, seed: int, out_dir: Path, runtime_cfg: dict | None, workers: int, shard: dict,
-                   cfg_text: str, overwrite: bool, progress: bool = True) -> dict:
+                   cfg_text: str, overwrite: bool, progress: bool = True, verbalizer_cfg: dict | None = None) -> dict:
     n = p["sessions"]
     lo = n * shard["index"] // shard["count"]
     hi = n * (shard["index"] + 1) // shard["count"]
     rows: dict[str, list[dict]] = {k: [] for k in SETS if k == "sessions" or runtime_cfg is not None}
     reports = []
     t0 = time.perf_counter()
-    for out, report in iter_sessions(list(range(lo, hi)), p, seed, runtime_cfg, workers, progress):
+    for out, report in iter_sessions(list(range(lo, hi)), p, seed, runtime_cfg, workers, progress, verbalizer_cfg):
         for k, v in out.items():
             rows[k].extend(v)
         reports.append(report)
