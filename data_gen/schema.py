@@ -35,8 +35,10 @@ SCHEMAS: dict[str, Features] = {
                        "confounder_branch": Value("int32")}],
         "plan": Value("string"),       # JSON of the full plan (branches, slots, moves)
     }),
+    # label_rule: "plan" for generated sets; the weak-label rule that produced gold_parent for LoCoMo
     "routing": Features({**_BASE, "candidates": [CANDIDATE], "gold_parent": Value("int32"),  # -1 = new root
-                         "runtime_choice": Value("int32"), "route": Value("string"), "gold_recalled": Value("bool")}),
+                         "runtime_choice": Value("int32"), "route": Value("string"), "gold_recalled": Value("bool"),
+                         "label_rule": Value("string")}),
     "localization": Features({**_BASE, "candidates": [CANDIDATE], "gold_states": Sequence(Value("int32")),
                               "gold_tip": Value("int32"), "runtime_choice": Value("int32"),
                               "question_type": Value("string"), "dimension": Value("string"),
@@ -48,6 +50,15 @@ SCHEMAS: dict[str, Features] = {
                             "summary": Value("string")}),
     "tags": Features({**_BASE, "source": Value("string"), "tags": Sequence(Value("string"))}),
     "summaries": Features({**_BASE, "assistant": Value("string"), "summary": Value("string")}),
+    # LoCoMo: per-speaker events of a session with their date (event_summary)
+    "events": Features({"session_id": Value("string"), "speaker": Value("string"), "event": Value("string"),
+                        "date": Value("string")}),
+    # an evaluation split (LoCoMo QA): category as the data defines it, evidence as turn ids
+    "qa": Features({"conversation_id": Value("string"), "question_id": Value("string"), "question": Value("string"),
+                    "answer": Value("string"), "category": Value("string"), "evidence": Sequence(Value("string")),
+                    "adversarial_answer": Value("string")}),
+    # conversations in the common benchmark schema (eval/benchmarks/schema.py), one JSON document each
+    "conversations": Features({"conversation_id": Value("string"), "document": Value("string")}),
 }
 
 
@@ -77,7 +88,8 @@ def _check(value: Any, feat: Any, where: str) -> None:
             _check(v, feat.feature, f"{where}[{i}]")
     elif isinstance(feat, Value):
         if value is None:
-            if feat.dtype in ("string", "int32", "int64") and where.endswith(("timestamp", "confounder", "gold_tip")):
+            if feat.dtype in ("string", "int32", "int64") and where.endswith(
+                    ("timestamp", "confounder", "gold_tip", "date", "answer", "adversarial_answer")):
                 return
             raise SchemaError(f"{where}: null is not allowed")
         ok = {"string": str, "bool": bool, "int32": int, "int64": int, "float32": (int, float)}[feat.dtype]

@@ -11,11 +11,12 @@ import json
 import logging
 import multiprocessing as mp
 import random
-import shutil
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
+
+from data_gen.io import write_sets
 
 from .plan import PlanError, allocate, plan_session
 from .realize import Turn, realize
@@ -244,38 +245,7 @@ def card(stats: dict, cfg_text: str, sample: dict) -> str:
 
 # ---------------------------------------------------------------------- output
 def write_output(out_dir: Path, rows: dict[str, list[dict]], stats: dict, cfg_text: str, overwrite: bool) -> None:
-    """Write everything into a temporary folder, then move it into place: never half-written."""
-    from datasets import Dataset, DatasetDict
-    from datasets.utils.logging import disable_progress_bar
-
-    from data_gen.schema import SCHEMAS, validate_rows
-
-    disable_progress_bar()
-    if out_dir.exists() and not overwrite:
-        raise FileExistsError(f"out_dir={str(out_dir)!r} already exists; pass overwrite=true to replace it")
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "jsonl").mkdir(parents=True)
-    (tmp / "parquet").mkdir()
-    dd = {}
-    for name, data in rows.items():
-        validate_rows(name, data[:200])
-        jsonl = tmp / "jsonl" / f"{name}.jsonl"
-        with open(jsonl, "w", encoding="utf-8") as f:
-            for row in data:
-                f.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
-        # the Arrow/Parquet copies are built from the JSONL mirror, so a merge of shards (which reads
-        # JSONL) and a single run produce byte-identical files
-        ds = Dataset.from_list([json.loads(line) for line in jsonl.open(encoding="utf-8")], features=SCHEMAS[name])
-        ds._fingerprint = hashlib.sha256(jsonl.read_bytes()).hexdigest()[:16]
-        ds.to_parquet(str(tmp / "parquet" / f"{name}.parquet"))
-        dd[name] = ds
-    DatasetDict(dd).save_to_disk(str(tmp / "hf"))
-    (tmp / "stats.json").write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n")
-    (tmp / "README.md").write_text(card(stats, cfg_text, rows["sessions"][0]))
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
+    write_sets(out_dir, rows, stats, card(stats, cfg_text, rows["sessions"][0]), overwrite)
 
 
 def read_jsonl_sets(d: Path) -> dict[str, list[dict]]:
