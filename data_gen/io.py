@@ -1,10 +1,14 @@
-"""Writing supervision sets: one folder, never half-written, byte-identical for identical rows.
+"""Writing supervision sets: streamed, schema-checked, never half-written, byte-identical for identical rows.
 
     out_dir/hf/        datasets.DatasetDict (load_from_disk), one Dataset per set
     out_dir/parquet/   <set>.parquet
-    out_dir/jsonl/     <set>.jsonl (sorted keys; the Arrow and Parquet copies are built from it)
+    out_dir/jsonl/     <set>.jsonl (one JSON object per line, sorted keys)
     out_dir/stats.json
     out_dir/README.md  the dataset card
+
+Rows are appended to the JSONL mirrors as they are produced (a 10k-session shard never sits in memory
+as Python objects); at the end the Arrow and Parquet copies are built from the JSONL files by pyarrow's
+JSON reader with the set's explicit schema, so a merge of shards and a single run give identical files.
 """
 
 from __future__ import annotations
@@ -13,44 +17,101 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
+from typing import Iterable
 
 
-def write_sets(out_dir: Path, rows: dict[str, list[dict]], stats: dict, card_text: str, overwrite: bool) -> None:
-    """Validate rows against data_gen/schema.py, write everything to a temporary sibling folder, then
-    move it into place; an existing out_dir is kept unless overwrite is true."""
-    from datasets import Dataset, DatasetDict
-    from datasets.utils.logging import disable_progress_bar
+def dumps(row: dict) -> str:
+    return json.dumps(row, ensure_ascii=False, sort_keys=True)
 
-    from data_gen.schema import SCHEMAS, validate_rows
 
-    disable_progress_bar()
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        raise FileExistsError(f"out_dir={str(out_dir)!r} already exists; pass overwrite=true to replace it")
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "jsonl").mkdir(parents=True)
-    (tmp / "parquet").mkdir()
+class SetWriter:
+    def __init__(self, out_dir: str | Path, names: Iterable[str], overwrite: bool):
+        self.out_dir = Path(out_dir)
+        if self.out_dir.exists() and not overwrite:
+            raise FileExistsError(f"out_dir={str(self.out_dir)!r} already exists; pass overwrite=true to replace it")
+        self.tmp = self.out_dir.with_name(self.out_dir.name + ".tmp")
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        (self.tmp / "jsonl").mkdir(parents=True)
+        self.names = list(names)
+        self._files = {n: open(self.tmp / "jsonl" / f"{n}.jsonl", "w", encoding="utf-8") for n in self.names}
+        self.counts = {n: 0 for n in self.names}
+        self._checked = {n: 0 for n in self.names}
+
+    def write(self, name: str, rows: Iterable[dict]) -> None:
+        from data_gen.schema import validate_rows
+
+        f = self._files[name]
+        for row in rows:
+            if self._checked[name] < 200:  # schema-check the head of every set
+                validate_rows(name, [row], source=f"{self.out_dir.name}/")
+                self._checked[name] += 1
+            f.write(dumps(row) + "\n")
+            self.counts[name] += 1
+
+    def write_lines(self, name: str, lines: Iterable[str]) -> None:
+        """Append already-serialised rows (from worker processes); the head is still schema-checked."""
+        f = self._files[name]
+        for line in lines:
+            if self._checked[name] < 200:
+                from data_gen.schema import validate_rows
+
+                validate_rows(name, [json.loads(line)], source=f"{self.out_dir.name}/")
+                self._checked[name] += 1
+            f.write(line + "\n")
+            self.counts[name] += 1
+
+    def abort(self) -> None:
+        for f in self._files.values():
+            f.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def finish(self, stats: dict, card_text: str) -> Path:
+        import pyarrow.json as pj
+        import pyarrow.parquet as pq
+        from datasets import Dataset, DatasetDict, DatasetInfo
+        from datasets.utils.logging import disable_progress_bar
+
+        from data_gen.schema import SCHEMAS
+
+        disable_progress_bar()
+        try:
+            for f in self._files.values():
+                f.close()
+            (self.tmp / "parquet").mkdir()
+            dd = {}
+            for name in self.names:
+                jsonl = self.tmp / "jsonl" / f"{name}.jsonl"
+                feats = SCHEMAS[name]
+                if self.counts[name]:
+                    table = pj.read_json(jsonl, parse_options=pj.ParseOptions(
+                        explicit_schema=feats.arrow_schema, unexpected_field_behavior="error"),
+                        read_options=pj.ReadOptions(block_size=1 << 24))
+                    table = table.select(feats.arrow_schema.names).cast(feats.arrow_schema)
+                else:
+                    table = feats.arrow_schema.empty_table()
+                pq.write_table(table, self.tmp / "parquet" / f"{name}.parquet")
+                ds = Dataset(table, info=DatasetInfo(features=feats))
+                ds._fingerprint = hashlib.sha256(jsonl.read_bytes()).hexdigest()[:16]
+                dd[name] = ds
+            DatasetDict(dd).save_to_disk(str(self.tmp / "hf"))
+            (self.tmp / "stats.json").write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n")
+            (self.tmp / "README.md").write_text(card_text)
+        except BaseException:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
+        if self.out_dir.exists():
+            shutil.rmtree(self.out_dir)
+        self.tmp.rename(self.out_dir)
+        return self.out_dir
+
+
+def write_sets(out_dir: Path, rows: dict[str, list[dict]], stats: dict, card_text: str, overwrite: bool) -> Path:
+    """Write in-memory rows (small sets, e.g. LoCoMo) through the same streaming writer."""
+    w = SetWriter(out_dir, list(rows), overwrite)
     try:
-        dd = {}
         for name, data in rows.items():
-            validate_rows(name, data[:200])
-            jsonl = tmp / "jsonl" / f"{name}.jsonl"
-            with open(jsonl, "w", encoding="utf-8") as f:
-                for row in data:
-                    f.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
-            # built from the JSONL mirror, so merged shards and a single run give identical files
-            ds = Dataset.from_list([json.loads(line) for line in jsonl.open(encoding="utf-8")],
-                                   features=SCHEMAS[name])
-            ds._fingerprint = hashlib.sha256(jsonl.read_bytes()).hexdigest()[:16]
-            ds.to_parquet(str(tmp / "parquet" / f"{name}.parquet"))
-            dd[name] = ds
-        DatasetDict(dd).save_to_disk(str(tmp / "hf"))
-        (tmp / "stats.json").write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n")
-        (tmp / "README.md").write_text(card_text)
+            w.write(name, data)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        w.abort()
         raise
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
+    return w.finish(stats, card_text)

@@ -88,6 +88,8 @@ class Bundle:
             if self.kind == "encoder_multilabel":
                 kwargs["problem_type"] = "multi_label_classification"
         merged = self.sub(self.manifest.get("merged"))
+        if self.base_ref.startswith("inline:") and (merged is None or not merged.exists()):
+            raise BundleError(f"bundle {self.path}: base {self.base_ref} was built in-process; merged/ is required")
         if merged is not None and prefer == "merged" and merged.exists():
             model = cls.from_pretrained(str(merged), **kwargs)
         else:

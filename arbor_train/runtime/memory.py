@@ -183,9 +183,16 @@ class ArborMemory:
         rcue = find_cue(text, loc_cfg["temporal_return_cues"])
         if rcue:
             return Localization(self._tip(best.node_id), "temporal_return", best.score, rcue, cands)
-        if best.score >= loc_cfg["new_root_threshold"] or for_question:
+        if best.score >= self.new_root_threshold or for_question:
             return Localization(self._tip(best.node_id), "rerank", best.score, candidates=cands)
         return Localization(None, "rerank", best.score, candidates=cands)
+
+    @property
+    def new_root_threshold(self) -> float:
+        """The configured threshold, or the one a tuned bundle was calibrated with (when allowed)."""
+        loc = self.cfg["localization"]
+        tuned = getattr(self.reranker, "new_root_threshold", None)
+        return float(tuned) if (tuned is not None and loc["threshold_from_bundle"]) else float(loc["new_root_threshold"])
 
     def _tip(self, node_id: int) -> int:
         return self.store.tip(node_id) if self.cfg["localization"]["attach"] == "tip" else node_id

@@ -124,9 +124,12 @@ def load_bundle_reranker(path: str, base_override: str | None = None, quantize: 
             from .embed import _quantize_int8
 
             model = _quantize_int8(model.merge_and_unload() if hasattr(model, "merge_and_unload") else model)
-        return CrossEncoderReranker(model, tok, int(b.manifest.get("max_length", 128)), name=f"bundle:{path}")
-    r = PromptedReranker(HFCausalLM.from_parts(model, tok, name=f"bundle:{path}"))
-    r.name = f"bundle:{path}"
+        r: Reranker = CrossEncoderReranker(model, tok, int(b.manifest.get("max_length", 128)), name=f"bundle:{path}")
+    else:
+        r = PromptedReranker(HFCausalLM.from_parts(model, tok, name=f"bundle:{path}"))
+        r.name = f"bundle:{path}"
+    # the threshold calibrated in training (sigmoid of the learned new-root logit), when the bundle has one
+    r.new_root_threshold = b.manifest.get("new_root_threshold")
     return r
 
 

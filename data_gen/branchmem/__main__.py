@@ -62,12 +62,11 @@ def run(cfg: DictConfig) -> dict:
         verbalizer = OmegaConf.to_container(cfg.verbalizer, resolve=True) if cfg.verbalizer.enabled else None
         stats = run_generation(p, int(cfg.seed), out, _runtime_cfg(cfg), int(cfg.workers), shard, _cfg_text(cfg),
                                bool(cfg.overwrite), bool(cfg.progress), verbalizer)
-        elapsed = stats.pop("_elapsed_s")
-        stats.pop("_validation_reports")
+        elapsed, total = stats.pop("_elapsed_s"), stats.pop("_total_s")
         n = stats["sessions"]
         print(f"wrote {out}: {n} sessions, {stats['questions']} questions, {stats['non_question_turns']} "
-              f"non-question turns, turns/session {stats['turns_per_session']} in {elapsed:.1f}s "
-              f"({n / max(elapsed, 1e-9):.1f} sessions/s)")
+              f"non-question turns, turns/session {stats['turns_per_session']}; generated in {elapsed:.1f}s "
+              f"({n / max(elapsed, 1e-9):.1f} sessions/s), {total:.1f}s with writing")
         print(f"validation: {stats['validation']}")
         return stats
     if cmd == "merge":

@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
-from data_gen.io import write_sets
+from data_gen.io import SetWriter
 
 from .plan import PlanError, allocate, plan_session
 from .realize import Turn, realize
@@ -109,18 +109,36 @@ def _init_worker(p: dict, seed: int, targets, runtime_cfg: dict | None, verbaliz
         _W["components"] = build_components(runtime_cfg)
 
 
-def _work(i: int) -> tuple[dict[str, list[dict]], dict]:
+def summarize(rows: dict[str, list[dict]]) -> dict:
+    """The per-session numbers stats.json is made of (additive, so shards merge by summing)."""
+    sess = rows["sessions"][0]
+    routing = rows.get("routing", [])
+    loc = rows.get("localization", [])
+    return {
+        "turns": len(sess["turns"]), "n_branches": sess["n_branches"],
+        "questions": [(q["type"], q["dimension"]) for q in sess["questions"]],
+        "distractors": sum(t["move"] == "distractor" for t in sess["turns"]),
+        "routing": [len(routing), sum(r["gold_recalled"] for r in routing), sum(r["gold_parent"] < 0 for r in routing)],
+        "localization": [len(loc), sum(any(c["recalled"] and c["turn"] in set(x["gold_states"]) for c in x["candidates"])
+                                       for x in loc)],
+    }
+
+
+def _work(i: int) -> tuple[dict[str, list[str]], dict, dict]:
+    """Build, mine and serialise session i in the worker; only text lines travel back."""
+    from data_gen.io import dumps
+
     plan, turns, report = build_session(i, _W["p"], _W["seed"], _W["targets"], _W["verbalizer"])
     rows: dict[str, list[dict]] = {"sessions": [session_row(plan, turns)]}
     if _W["runtime_cfg"] is not None:
         from .mine import mine_session
 
         rows.update(mine_session(plan.session_id, turns, _W["runtime_cfg"], _W["components"]))
-    return rows, report
+    return {k: [dumps(r) for r in v] for k, v in rows.items()}, summarize(rows), report
 
 
 def iter_sessions(indices: list[int], p: dict, seed: int, runtime_cfg: dict | None, workers: int,
-                  progress: bool = True, verbalizer_cfg: dict | None = None) -> Iterator[tuple[dict, dict]]:
+                  progress: bool = True, verbalizer_cfg: dict | None = None) -> Iterator[tuple[dict, dict, dict]]:
     from tqdm import tqdm
 
     targets = session_targets(p, seed)
@@ -140,29 +158,64 @@ def iter_sessions(indices: list[int], p: dict, seed: int, runtime_cfg: dict | No
 
 
 # ---------------------------------------------------------------------- statistics and card
-def compute_stats(rows: dict[str, list[dict]], validation: dict) -> dict:
-    sessions = rows["sessions"]
-    lens = [len(s["turns"]) for s in sessions]
-    qs = [q for s in sessions for q in s["questions"]]
-    routing = rows.get("routing", [])
-    loc = rows.get("localization", [])
+def new_counts() -> dict:
+    return {"sessions": 0, "turns": 0, "turns_min": None, "turns_max": None, "questions": 0, "branches": {},
+            "by_type": {}, "by_dimension": {}, "distractors": 0, "routing": [0, 0, 0], "localization": [0, 0]}
+
+
+def add_summary(c: dict, s: dict) -> None:
+    c["sessions"] += 1
+    c["turns"] += s["turns"]
+    c["turns_min"] = s["turns"] if c["turns_min"] is None else min(c["turns_min"], s["turns"])
+    c["turns_max"] = s["turns"] if c["turns_max"] is None else max(c["turns_max"], s["turns"])
+    c["questions"] += len(s["questions"])
+    k = str(s["n_branches"])
+    c["branches"][k] = c["branches"].get(k, 0) + 1
+    for t, d in s["questions"]:
+        c["by_type"][t] = c["by_type"].get(t, 0) + 1
+        c["by_dimension"][d] = c["by_dimension"].get(d, 0) + 1
+    c["distractors"] += s["distractors"]
+    c["routing"] = [a + b for a, b in zip(c["routing"], s["routing"])]
+    c["localization"] = [a + b for a, b in zip(c["localization"], s["localization"])]
+
+
+def merge_counts(a: dict, b: dict) -> dict:
+    out = new_counts()
+    for c in (a, b):
+        out["sessions"] += c["sessions"]
+        out["turns"] += c["turns"]
+        out["questions"] += c["questions"]
+        out["distractors"] += c["distractors"]
+        for key in ("branches", "by_type", "by_dimension"):
+            for k, v in c[key].items():
+                out[key][k] = out[key].get(k, 0) + v
+        out["routing"] = [x + y for x, y in zip(out["routing"], c["routing"])]
+        out["localization"] = [x + y for x, y in zip(out["localization"], c["localization"])]
+    mins = [c["turns_min"] for c in (a, b) if c["turns_min"] is not None]
+    maxs = [c["turns_max"] for c in (a, b) if c["turns_max"] is not None]
+    out["turns_min"], out["turns_max"] = (min(mins) if mins else None), (max(maxs) if maxs else None)
+    return out
+
+
+def compute_stats(c: dict, validation: dict, supervision: dict[str, int]) -> dict:
+    r, lo = c["routing"], c["localization"]
     return {
-        "sessions": len(sessions),
-        "questions": len(qs),
-        "non_question_turns": sum(lens) - len(qs),
-        "turns": sum(lens),
-        "turns_per_session": {"min": min(lens), "max": max(lens), "mean": round(sum(lens) / len(lens), 2)},
-        "branches_per_session": {str(k): v for k, v in sorted(Counter(s["n_branches"] for s in sessions).items())},
-        "questions_by_type": dict(sorted(Counter(q["type"] for q in qs).items())),
-        "questions_by_dimension": dict(sorted(Counter(q["dimension"] for q in qs).items())),
-        "distractor_turns": sum(t["move"] == "distractor" for s in sessions for t in s["turns"]),
+        "sessions": c["sessions"],
+        "questions": c["questions"],
+        "non_question_turns": c["turns"] - c["questions"],
+        "turns": c["turns"],
+        "turns_per_session": {"min": c["turns_min"], "max": c["turns_max"],
+                              "mean": round(c["turns"] / max(1, c["sessions"]), 2)},
+        "branches_per_session": dict(sorted(c["branches"].items())),
+        "questions_by_type": dict(sorted(c["by_type"].items())),
+        "questions_by_dimension": dict(sorted(c["by_dimension"].items())),
+        "distractor_turns": c["distractors"],
         "validation": validation,
-        "supervision": {k: len(v) for k, v in rows.items() if k != "sessions"},
-        "routing_gold_recalled": round(sum(r["gold_recalled"] for r in routing) / len(routing), 4) if routing else None,
-        "routing_new_root_share": round(sum(r["gold_parent"] < 0 for r in routing) / len(routing), 4) if routing else None,
-        "localization_gold_recalled": round(
-            sum(any(c["recalled"] and c["turn"] in set(x["gold_states"]) for c in x["candidates"]) for x in loc)
-            / len(loc), 4) if loc else None,
+        "supervision": {k: v for k, v in supervision.items() if k != "sessions"},
+        "routing_gold_recalled": round(r[1] / r[0], 4) if r[0] else None,
+        "routing_new_root_share": round(r[2] / r[0], 4) if r[0] else None,
+        "localization_gold_recalled": round(lo[1] / lo[0], 4) if lo[0] else None,
+        "counts": c,
     }
 
 
@@ -244,43 +297,43 @@ def card(stats: dict, cfg_text: str, sample: dict) -> str:
 
 
 # ---------------------------------------------------------------------- output
-def write_output(out_dir: Path, rows: dict[str, list[dict]], stats: dict, cfg_text: str, overwrite: bool) -> None:
-    write_sets(out_dir, rows, stats, card(stats, cfg_text, rows["sessions"][0]), overwrite)
-
-
-def read_jsonl_sets(d: Path) -> dict[str, list[dict]]:
-    out = {}
-    for name in SETS:
-        f = d / "jsonl" / f"{name}.jsonl"
-        if f.exists():
-            out[name] = [json.loads(line) for line in f.open(encoding="utf-8")]
-    return out
-
-
 def run_generation(p: dict, seed: int, out_dir: Path, runtime_cfg: dict | None, workers: int, shard: dict,
                    cfg_text: str, overwrite: bool, progress: bool = True, verbalizer_cfg: dict | None = None) -> dict:
     n = p["sessions"]
     lo = n * shard["index"] // shard["count"]
     hi = n * (shard["index"] + 1) // shard["count"]
-    rows: dict[str, list[dict]] = {k: [] for k in SETS if k == "sessions" or runtime_cfg is not None}
-    reports = []
+    names = [k for k in SETS if k == "sessions" or runtime_cfg is not None]
+    writer = SetWriter(out_dir, names, overwrite)
+    counts, reports, sample = new_counts(), [], None
     t0 = time.perf_counter()
-    for out, report in iter_sessions(list(range(lo, hi)), p, seed, runtime_cfg, workers, progress, verbalizer_cfg):
-        for k, v in out.items():
-            rows[k].extend(v)
-        reports.append(report)
+    try:
+        for lines, summary, report in iter_sessions(list(range(lo, hi)), p, seed, runtime_cfg, workers, progress,
+                                                    verbalizer_cfg):
+            for k, v in lines.items():
+                writer.write_lines(k, v)
+            if sample is None:
+                sample = json.loads(lines["sessions"][0])
+            add_summary(counts, summary)
+            reports.append(report)
+    except BaseException:
+        writer.abort()
+        raise
     elapsed = time.perf_counter() - t0
-    stats = compute_stats(rows, merge_validation(reports))
+    stats = compute_stats(counts, merge_validation(reports), writer.counts)
     stats.update(preset=p["name"], seed=seed, shard={"index": shard["index"], "count": shard["count"],
-                                                      "sessions": [lo, hi]})
-    write_output(out_dir, rows, stats, cfg_text, overwrite)
+                                                      "sessions": [lo, hi]}, sample=sample)
+    writer.finish(_public(stats), card(stats, cfg_text, sample))
     stats["_elapsed_s"] = elapsed
-    stats["_validation_reports"] = reports
+    stats["_total_s"] = time.perf_counter() - t0
     return stats
 
 
+def _public(stats: dict) -> dict:
+    return {k: v for k, v in stats.items() if not k.startswith("_")}
+
+
 def merge_shards(shard_dirs: list[Path], out_dir: Path, cfg_text: str, overwrite: bool) -> dict:
-    """Concatenate shards in index order; stats are recomputed from the merged rows."""
+    """Concatenate shards in index order; counts are summed, so stats equal a single run's."""
     metas = []
     for d in shard_dirs:
         f = d / "stats.json"
@@ -288,23 +341,35 @@ def merge_shards(shard_dirs: list[Path], out_dir: Path, cfg_text: str, overwrite
             raise FileNotFoundError(f"shard {d}: stats.json missing (is it a finished shard?)")
         metas.append((json.loads(f.read_text()), d))
     metas.sort(key=lambda m: m[0]["shard"]["index"])
-    counts = {m[0]["shard"]["count"] for m in metas}
+    counts_set = {m[0]["shard"]["count"] for m in metas}
     idx = [m[0]["shard"]["index"] for m in metas]
-    if len(counts) != 1 or idx != list(range(next(iter(counts)))):
-        raise ValueError(f"shards {[str(d) for _, d in metas]} are not a complete set: indices {idx} of {counts}")
-    rows: dict[str, list[dict]] = {}
+    if len(counts_set) != 1 or idx != list(range(next(iter(counts_set)))):
+        raise ValueError(f"shards {[str(d) for _, d in metas]} are not a complete set: indices {idx} of {counts_set}")
+    names = [n for n in SETS if (metas[0][1] / "jsonl" / f"{n}.jsonl").exists()]
+    writer = SetWriter(out_dir, names, overwrite)
+    counts = new_counts()
     val = {"rules": list(RULES), "checks_run": 0, "failures": Counter(), "plan_errors": 0, "regenerated": 0,
            "sessions_valid": 0}
-    for st, d in metas:
-        for k, v in read_jsonl_sets(d).items():
-            rows.setdefault(k, []).extend(v)
-        for k in ("checks_run", "plan_errors", "regenerated", "sessions_valid"):
-            val[k] += st["validation"][k]
-        val["failures"].update(st["validation"]["failures"])
+    verbal: Counter = Counter()
+    try:
+        for st, d in metas:
+            for n in names:
+                with open(d / "jsonl" / f"{n}.jsonl", encoding="utf-8") as f:
+                    writer.write_lines(n, (line.rstrip("\n") for line in f))
+            counts = merge_counts(counts, st["counts"])
+            for k in ("checks_run", "plan_errors", "regenerated", "sessions_valid"):
+                val[k] += st["validation"][k]
+            val["failures"].update(st["validation"]["failures"])
+            verbal.update(st["validation"].get("verbalizer", {}))
+    except BaseException:
+        writer.abort()
+        raise
     val["failures"] = {k: val["failures"].get(k, 0) for k in RULES}
+    if verbal:
+        val["verbalizer"] = dict(sorted(verbal.items()))
     first = metas[0][0]
-    stats = compute_stats(rows, val)
-    stats.update(preset=first["preset"], seed=first["seed"],
+    stats = compute_stats(counts, val, writer.counts)
+    stats.update(preset=first["preset"], seed=first["seed"], sample=first["sample"],
                  shard={"index": 0, "count": 1, "sessions": [0, stats["sessions"]]})
-    write_output(out_dir, rows, stats, cfg_text, overwrite)
+    writer.finish(stats, card(stats, cfg_text, first["sample"]))
     return stats

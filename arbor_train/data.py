@@ -1,0 +1,218 @@
+"""Role datasets built from the supervision sets (data_gen/schema.py), and a resumable loader.
+
+Everything a batch needs (token ids, loss masks, group labels) is computed when examples are built;
+collators only pad. The candidate text is `Candidate.document()`, exactly what the runtime scores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from arbor_train.runtime.schema import Candidate
+
+
+def load_sets(data_dir: str | Path, names: list[str]) -> dict[str, Any]:
+    """Load named sets from a generator/converter output folder (hf/ DatasetDict), schema-checked."""
+    from datasets import load_from_disk
+
+    from data_gen.schema import check_dataset
+
+    p = Path(data_dir) / "hf"
+    if not p.exists():
+        raise FileNotFoundError(f"data option data_dir={str(data_dir)!r}: no hf/ folder (run python -m data_gen.branchmem "
+                                f"or data_gen.locomo first)")
+    dd = load_from_disk(str(p))
+    out = {}
+    for n in names:
+        if n not in dd:
+            raise KeyError(f"data option data_dir={str(data_dir)!r}: set {n!r} missing (has {sorted(dd)})")
+        check_dataset(n, dd[n])
+        out[n] = dd[n]
+    return out
+
+
+def fingerprint(data_dir: str | Path, names: list[str]) -> str:
+    h = hashlib.sha256()
+    for n in names:
+        f = Path(data_dir) / "jsonl" / f"{n}.jsonl"
+        h.update(f.read_bytes() if f.exists() else n.encode())
+    return "sha256:" + h.hexdigest()[:32]
+
+
+def candidate_text(c: dict) -> str:
+    return Candidate(node_id=c["turn"], topic_key=c["topic_key"], path_summary=c["path_summary"],
+                     node_summary=c["node_summary"], entities=list(c["entities"]), seq=c["turn"], root_id=-1).document()
+
+
+@dataclass
+class RerankGroup:
+    query: str
+    docs: list[str]
+    gold: int            # index into docs; -1 = new root (the null option)
+    source: str          # routing | localization
+    cands: list[dict]    # the candidate rows behind docs (same order), for baselines
+
+
+def rerank_groups(rows, source: str, group_size: int, include_new_root: bool = True) -> list[RerankGroup]:
+    """Gold + the hardest negatives (by the runtime's own score), at most group_size documents."""
+    out = []
+    for r in rows:
+        cands = list(r["candidates"])
+        if source == "routing":
+            gold_turns = {r["gold_parent"]} if r["gold_parent"] >= 0 else set()
+        else:
+            gold_turns = set(r["gold_states"])
+        golds = [c for c in cands if c["turn"] in gold_turns]
+        if not golds and (source != "routing" or r["gold_parent"] >= 0 or not include_new_root):
+            continue
+        negs = sorted((c for c in cands if c["turn"] not in gold_turns), key=lambda c: -c["runtime_score"])
+        if golds:
+            gold = max(golds, key=lambda c: c["turn"])  # the latest state of the gold trajectory
+            docs = [gold] + negs[: group_size - 1]
+        else:
+            docs = negs[:group_size]
+        if not docs:
+            continue
+        order = sorted(range(len(docs)), key=lambda i: docs[i]["turn"])  # no positional shortcut
+        texts = [candidate_text(docs[i]) for i in order]
+        g = order.index(0) if golds else -1
+        out.append(RerankGroup(r["input"], texts, g, source, [docs[i] for i in order]))
+    return out
+
+
+def encode_groups(groups: list[RerankGroup], tokenizer, max_length: int) -> list[dict]:
+    out = []
+    for g in groups:
+        enc = tokenizer([g.query] * len(g.docs), g.docs, truncation="only_second", max_length=max_length)
+        out.append({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
+                    "token_type_ids": enc.get("token_type_ids"), "gold": g.gold})
+    return out
+
+
+def collate_groups(batch: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    """Flatten groups into (sum of group sizes) pairs, padded; `group` maps pairs to groups."""
+    seqs = [ids for ex in batch for ids in ex["input_ids"]]
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
+    att = torch.zeros((len(seqs), L), dtype=torch.long)
+    tt = torch.zeros((len(seqs), L), dtype=torch.long)
+    k = 0
+    for ex in batch:
+        for j, s in enumerate(ex["input_ids"]):
+            ids[k, : len(s)] = torch.tensor(s)
+            att[k, : len(s)] = 1
+            if ex.get("token_type_ids"):
+                tt[k, : len(s)] = torch.tensor(ex["token_type_ids"][j])
+            k += 1
+    sizes = torch.tensor([len(ex["input_ids"]) for ex in batch])
+    return {"input_ids": ids, "attention_mask": att, "token_type_ids": tt, "group_sizes": sizes,
+            "gold": torch.tensor([ex["gold"] for ex in batch])}
+
+
+def tag_examples(rows, tokenizer, labels: list[str], max_length: int) -> list[dict]:
+    idx = {l: i for i, l in enumerate(labels)}
+    out = []
+    for r in rows:
+        y = [0.0] * len(labels)
+        for t in r["tags"]:
+            if t in idx:
+                y[idx[t]] = 1.0
+        enc = tokenizer(r["input"], truncation=True, max_length=max_length)
+        out.append({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "labels": y})
+    return out
+
+
+def collate_tags(batch: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    L = max(len(ex["input_ids"]) for ex in batch)
+    ids = torch.full((len(batch), L), pad_id, dtype=torch.long)
+    att = torch.zeros((len(batch), L), dtype=torch.long)
+    for i, ex in enumerate(batch):
+        ids[i, : len(ex["input_ids"])] = torch.tensor(ex["input_ids"])
+        att[i, : len(ex["input_ids"])] = 1
+    return {"input_ids": ids, "attention_mask": att, "labels": torch.tensor([ex["labels"] for ex in batch])}
+
+
+class ResumableLoader:
+    """A seeded, shuffling batch loader with `state_dict`/`load_state_dict`, so a checkpoint taken in
+    the middle of an epoch resumes with exactly the next batch (Lightning saves and restores it).
+
+    The state counts batches handed to the training step (`consumed`), not batches prefetched.
+    """
+
+    def __init__(self, examples: list, batch_size: int, collate: Callable, seed: int, shuffle: bool = True,
+                 drop_last: bool = False):
+        self.examples, self.batch_size, self.collate = examples, batch_size, collate
+        self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
+        self.epoch = 0
+        self.consumed = 0        # batches of the current epoch already trained on
+        self._resume_at = 0
+
+    def __len__(self) -> int:
+        n = len(self.examples)
+        return n // self.batch_size if self.drop_last else (n + self.batch_size - 1) // self.batch_size
+
+    def _order(self, epoch: int) -> list[int]:
+        idx = list(range(len(self.examples)))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(idx)
+        return idx
+
+    def __iter__(self):
+        order = self._order(self.epoch)
+        start = self._resume_at
+        self._resume_at = 0
+        for b in range(start, len(self)):
+            self.consumed = b + 1
+            chunk = order[b * self.batch_size : (b + 1) * self.batch_size]
+            yield self.collate([self.examples[i] for i in chunk])
+        self.epoch += 1
+        self.consumed = 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "consumed": self.consumed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = int(state["epoch"])
+        self._resume_at = int(state["consumed"])
+
+
+def select_rows(rows, cap: int | None, nonempty_share: float | None, kinds: list[str]) -> list[dict]:
+    """Extraction rows, optionally rebalanced so that `nonempty_share` of them have a target for one
+    of `kinds` (most turns state nothing, and "[]" is easy), then capped; order is deterministic."""
+    rows = list(rows)
+    if nonempty_share is None:
+        return rows[:cap] if cap else rows
+    full = [r for r in rows if any(json.loads(r["target"])[k] for k in kinds)]
+    empty = [r for r in rows if r not in full] if len(rows) < 5000 else [
+        r for r in rows if not any(json.loads(r["target"])[k] for k in kinds)]
+    n = cap or len(rows)
+    n_full = min(len(full), round(n * nonempty_share))
+    n_empty = min(len(empty), n - n_full)
+    out, i, j = [], 0, 0
+    while i < n_full or j < n_empty:  # interleave deterministically
+        if i < n_full and (j >= n_empty or i * n_empty <= j * n_full):
+            out.append(full[i])
+            i += 1
+        else:
+            out.append(empty[j])
+            j += 1
+    return out
+
+
+def split(items: list, val_fraction: float, seed: int) -> tuple[list, list]:
+    idx = list(range(len(items)))
+    random.Random(seed).shuffle(idx)
+    n_val = max(1, int(len(items) * val_fraction)) if len(items) > 1 else 0
+    val = set(idx[:n_val])
+    return [x for i, x in enumerate(items) if i not in val], [x for i, x in enumerate(items) if i in val]
+
+
+def jsonl_rows(path: str | Path) -> list[dict]:
+    return [json.loads(line) for line in open(path, encoding="utf-8")]

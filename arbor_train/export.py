@@ -1,0 +1,119 @@
+"""python -m arbor_train.export run_dir=<training run> out=<bundle dir> [merged=true]
+
+Turns a training run's `final/` folder into a router bundle in the format the runtime defines
+(arbor_train/runtime/bundle.py): manifest, PEFT adapter, tokenizer, optional merged safetensors.
+`export(cfg) -> Path` is the importable function.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from . import __version__
+from .paths import CONF_DIR
+from .prompts import EXTRACT_TEMPLATE, RERANK_TEMPLATE, TAG_TEMPLATE, PROMPT_VERSION
+
+KIND = {("reranker", "encoder"): "cross_encoder", ("reranker", "decoder"): "llm_scorer",
+        ("extractor", "decoder"): "causal_lm", ("tagger", "encoder"): "encoder_multilabel",
+        ("tagger", "decoder"): "causal_lm"}
+TEMPLATE = {"cross_encoder": {"name": "cross_encoder_pair", "version": PROMPT_VERSION},
+            "llm_scorer": RERANK_TEMPLATE.to_json(), "encoder_multilabel": {"name": "encoder_multilabel",
+                                                                          "version": PROMPT_VERSION}}
+
+
+def _load_base(train_cfg: dict, role: dict):
+    """Rebuild the untrained base exactly as training did (same seed: same head init, same tiny model)."""
+    from .models import build_decoder, build_encoder
+
+    m = train_cfg["model"]
+    if m["family"] == "encoder":
+        labels = role.get("labels")
+        model, _ = build_encoder(m, num_labels=len(labels) if labels else 1, multilabel=bool(labels),
+                                 seed=train_cfg["seed"])
+    else:
+        model, _ = build_decoder(m, seed=train_cfg["seed"])
+    return model
+
+
+def export(run_dir: str | Path, out: str | Path, merged: bool | None = None, overwrite: bool = False,
+           log_artifact: bool = True) -> Path:
+    run_dir, out = Path(run_dir), Path(out)
+    final = run_dir / "final"
+    for need in ("adapter", "tokenizer", "role.json", "metrics.json", "config.yaml"):
+        if not (final / need).exists():
+            raise FileNotFoundError(f"run_dir={str(run_dir)!r}: final/{need} missing (did training finish?)")
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"out={str(out)!r} already exists; pass overwrite=true to replace it")
+    train_cfg = OmegaConf.to_container(OmegaConf.load(final / "config.yaml"), resolve=True)
+    role = json.loads((final / "role.json").read_text())
+    metrics = json.loads((final / "metrics.json").read_text())
+    m = train_cfg["model"]
+    kind = KIND[(role["role"], m["family"])]
+    tiny = bool(m.get("tiny"))
+    merged = tiny if merged is None else (merged or tiny)  # an in-process base exists nowhere else: merge it
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    shutil.copytree(final / "adapter", tmp / "adapter")
+    shutil.copytree(final / "tokenizer", tmp / "tokenizer")
+    if merged:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(_load_base(train_cfg, role), str(final / "adapter"))
+        model.merge_and_unload().save_pretrained(str(tmp / "merged"), safe_serialization=True)
+    manifest = {
+        "role": role["role"], "kind": kind,
+        "base_model": {"ref": m["ref"] or f"inline:{m['name']}", "name": m["name"], "seed": train_cfg["seed"]},
+        "adapter": "adapter", "merged": "merged" if merged else None, "tokenizer": "tokenizer",
+        "prompt_template": TEMPLATE.get(kind) or (EXTRACT_TEMPLATE.to_json() if role["role"] == "extractor"
+                                                  else TAG_TEMPLATE.to_json()),
+        "max_length": train_cfg["task"].get("max_length", 256),
+        "metrics": metrics.get("metrics", {}), "baselines": metrics.get("baselines", {}),
+        "data_fingerprint": metrics["data_fingerprint"],
+        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "arbor_train_version": __version__, "git_commit": metrics.get("git_commit", "unknown"),
+        "training_run": str(run_dir),
+    }
+    for key in ("labels", "kinds", "new_root_threshold"):
+        if key in role:
+            manifest[key] = role[key]
+    from .runtime.bundle import write_manifest
+
+    write_manifest(tmp, manifest)
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    if log_artifact and train_cfg.get("logger", {}).get("kind") == "wandb":
+        _log_wandb_artifact(out, manifest, train_cfg)
+    return out
+
+
+def _log_wandb_artifact(out: Path, manifest: dict, train_cfg: dict) -> None:
+    import os
+
+    import wandb
+
+    mode = os.environ.get("WANDB_MODE", train_cfg["logger"].get("mode", "offline"))
+    run = wandb.init(project=train_cfg["logger"]["project"], job_type="export", mode=mode,
+                     dir=str(out.parent), name=f"export-{out.name}", reinit=True)
+    art = wandb.Artifact(name=f"{manifest['role']}-{manifest['base_model']['name']}", type="router-bundle",
+                         metadata={k: manifest[k] for k in ("role", "kind", "base_model", "metrics", "data_fingerprint")})
+    art.add_dir(str(out))
+    run.log_artifact(art)
+    run.finish()
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="export", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    p = export(cfg.run_dir, cfg.out, cfg.merged, cfg.overwrite, cfg.log_artifact)
+    print(f"wrote bundle {p}")
+
+
+if __name__ == "__main__":
+    main()

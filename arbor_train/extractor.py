@@ -1,0 +1,139 @@
+"""Memory-commit extractor role: causal-LM SFT on the extraction supervision.
+
+Prompts are the runtime's own (`arbor_train.prompts.extract_messages`, one prompt per extraction kind),
+completions the strict JSON the runtime validates; the loss covers completion tokens only (masks are
+built with the examples, arbor_train/packing.py) and examples are packed without attention across them.
+Validation generates greedily for a fixed held-out sample and reports JSON validity, slot key/value F1
+(states) and atomic-fact F1 (facts).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+
+from . import data as D
+from .models import add_lora, build_decoder, param_counts
+from .modules import _Base
+from .packing import build_sft_example, collate_packed, pack_examples, padding_fraction
+from .prompts import extract_messages, extract_target
+
+
+def sft_examples(rows, tokenizer, kinds: list[str], max_length: int) -> tuple[list[dict], list[dict], int]:
+    """(examples, prompts-with-targets for generation, dropped count) for every row and kind."""
+    examples, gen, dropped = [], [], 0
+    for r in rows:
+        target = json.loads(r["target"])
+        for kind in kinds:
+            completion = extract_target(kind, target[kind])
+            messages = extract_messages(kind, r["input"], r["assistant"], r["timestamp"])
+            ex = build_sft_example(tokenizer, messages, completion, max_length)
+            if ex is None:
+                dropped += 1
+                continue
+            examples.append(ex)
+            gen.append({"kind": kind, "messages": messages, "target": target[kind]})
+    return examples, gen, dropped
+
+
+class ExtractorModule(_Base):
+    def __init__(self, model, cfg: dict, tokenizer, gen_examples: list[dict]):
+        super().__init__(model, cfg)
+        self.tokenizer = tokenizer
+        self.gen_examples = gen_examples
+        self.padding = []
+
+    def _loss(self, batch: dict) -> torch.Tensor:
+        out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                         position_ids=batch["position_ids"], labels=batch["labels"], use_cache=False)
+        return out.loss
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
+        self.tokens_seen += int((batch["input_ids"] != self.tokenizer.pad_token_id).sum())
+        self.padding.append(padding_fraction(batch))
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self.log("val/loss", self._loss(batch), prog_bar=True, batch_size=batch["input_ids"].shape[0])
+
+    def on_validation_epoch_end(self) -> None:
+        self.last_metrics = self.generate_metrics()
+        for k, v in self.last_metrics.items():
+            if isinstance(v, float):
+                self.log(f"val/{k}", v)
+
+    @torch.no_grad()
+    def generate_metrics(self) -> dict[str, Any]:
+        from arbor_train.runtime.llm import HFCausalLM
+
+        from .metrics import fact_f1, json_validity, slot_f1
+
+        if not self.gen_examples:
+            return {}
+        was_training = self.model.training
+        llm = HFCausalLM.from_parts(self.model, self.tokenizer, batch_size=self.cfg["task"]["gen_batch_size"])
+        outs = llm.chat([g["messages"] for g in self.gen_examples], max_new_tokens=self.cfg["task"]["max_new_tokens"])
+        if was_training:
+            self.model.train()
+        m: dict[str, Any] = {"json_validity": json_validity(outs), "generated": len(outs)}
+        by_kind: dict[str, tuple[list, list]] = {}
+        for g, o in zip(self.gen_examples, outs):
+            try:
+                pred = json.loads(o)
+            except json.JSONDecodeError:
+                pred = []
+            pred = pred if isinstance(pred, list) else []
+            by_kind.setdefault(g["kind"], ([], []))
+            by_kind[g["kind"]][0].append([p for p in pred if isinstance(p, dict)])
+            by_kind[g["kind"]][1].append(g["target"])
+        if "states" in by_kind:
+            p, t = by_kind["states"]
+            m.update({f"slot_{k}": v for k, v in slot_f1([[x for x in s if "key" in x] for s in p], t).items()})
+        if "facts" in by_kind:
+            p, t = by_kind["facts"]
+            r = fact_f1([[str(x.get("text", "")) for x in s] for s in p], [[x["text"] for x in s] for s in t])
+            m.update({f"fact_{k}": v for k, v in r.items()})
+        m["samples"] = [{"target": g["target"], "output": o} for g, o in list(zip(self.gen_examples, outs))[:3]]
+        return m
+
+
+def build_extractor(c: dict) -> dict[str, Any]:
+    t, dc = c["task"], c["data"]
+    from .roles import _rows
+
+    tr_rows, va_rows = _rows(c, ["extraction"])
+    model, tok = build_decoder(c["model"], seed=c["seed"])
+    if c["model"].get("gradient_checkpointing"):
+        model.gradient_checkpointing_enable()
+    model = add_lora(model, c["peft"], c["model"], "CAUSAL_LM")
+    kinds = list(t["kinds"])
+    tr_rows = D.select_rows(tr_rows["extraction"], dc.get("max_train_examples"), t.get("nonempty_share"), kinds)
+    va_rows = D.select_rows(va_rows["extraction"], dc.get("max_val_examples"), t.get("nonempty_share"), kinds)
+    tr, _, dropped = sft_examples(tr_rows, tok, kinds, t["max_length"])
+    va, gen, _ = sft_examples(va_rows, tok, kinds, t["max_length"])
+    module = ExtractorModule(model, c, tok, gen[: t["gen_examples"]])
+    pad = tok.pad_token_id
+    dtype = next(model.parameters()).dtype
+    if t["packing"]:
+        tr_items, va_items = pack_examples(tr, t["pack_length"]), pack_examples(va, t["pack_length"])
+
+        def collate(b):
+            return collate_packed(b, pad, dtype)
+    else:
+        from .packing import collate_padded
+
+        tr_items, va_items = tr, va
+
+        def collate(b):
+            out = collate_padded(b, pad)
+            out["position_ids"] = (out["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+            return out
+
+    return {"module": module, "tokenizer": tok, "param_counts": param_counts(model), "dropped": dropped,
+            "train_loader": D.ResumableLoader(tr_items, t["batch_size"], collate, c["seed"]),
+            "val_loader": D.ResumableLoader(va_items, t["batch_size"], collate, c["seed"], shuffle=False),
+            "data_fingerprint": D.fingerprint(dc["train_dir"], ["extraction"])}

@@ -1,0 +1,261 @@
+"""Supervised fine-tuning examples with completion-only loss, and sequence packing without cross-talk.
+
+The loss mask is decided when an example is built (:func:`build_sft_example`), never in a collator:
+``labels`` is ``-100`` on every prompt token and equals ``input_ids`` on the completion tokens
+(the completion text followed by the tokenizer's ``eos_token``).
+
+Two ways to batch examples:
+
+- :func:`collate_padded` -- the baseline: one example per row, right-padded, 2D attention mask.
+- :func:`pack_examples` + :func:`collate_packed` -- several examples per row, concatenated with no
+  padding between them; ``position_ids`` restart at 0 for each example and a 4D block-diagonal
+  causal mask stops every token from attending across example boundaries, so each example is
+  computed exactly as it would be alone.
+
+How transformers 5 treats the 4D mask (checked in ``transformers/masking_utils.py`` and
+``models/llama/modeling_llama.py``, transformers 5.24):
+
+- ``LlamaModel.forward`` calls ``create_causal_mask(config, inputs_embeds, attention_mask, cache,
+  position_ids)``; its ``_preprocess_mask_arguments`` returns early for any mask with
+  ``len(attention_mask.shape) == 4`` ("already prepared, or custom") and the tensor is passed
+  unchanged to every attention layer. No dtype conversion and no validation happen.
+- The *eager* attention does ``attn_weights = attn_weights + attention_mask``, so the mask must be
+  **additive float** (0 = attend, large negative = masked); a boolean mask would be silently wrong
+  there. *SDPA* hands the mask to ``torch.nn.functional.scaled_dot_product_attention``, which
+  accepts either a boolean mask (True = attend) or an additive float mask (build it in the model's
+  dtype; torch 2.13 on CPU also took a float32 mask with a bf16 model, but not every backend
+  promotes). An additive float mask therefore works for both eager and SDPA -- that is the
+  convention used here (``torch.finfo(dtype).min`` = masked, ``0`` = allowed, the same as
+  transformers' own ``eager_mask``). Checked on a tiny Llama: a boolean 4D mask matches under SDPA
+  but gives wrong losses under eager.
+- flash-attention does not consume a 4D mask. For it (and as an alternative for SDPA/eager), pass
+  ``attention_mask=None`` together with the restarting ``position_ids`` **and ``use_cache=False``**:
+  only when the mask is None *and there is no cache* does ``_preprocess_mask_arguments`` run
+  ``find_packed_sequence_indices(position_ids)`` (a new sequence starts wherever consecutive
+  positions do not differ by exactly 1) and build the same block-diagonal causal mask itself.
+  ``LlamaModel.forward`` creates a ``DynamicCache`` whenever ``use_cache`` is true, which is the
+  config default even in ``train()`` mode, and then the detection is silently skipped (plain causal
+  over the whole row). Pad positions get ``position_ids == 0`` so that each pad token is its own
+  one-token "sequence" under that rule as well.
+
+Losses: :func:`pack_examples` also sets the label of the first token of each packed example to
+``-100`` (that label is never predicted in the unpacked case either, because causal-LM losses shift
+labels by one), so the model's built-in ``labels=`` loss, which shifts over a whole row, never
+trains a token to predict the next example's first token. The mean token loss of a packed batch
+therefore equals that of the padded batch for the same examples.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+__all__ = [
+    "IGNORE_INDEX",
+    "build_sft_example",
+    "pack_examples",
+    "collate_packed",
+    "collate_padded",
+    "block_causal_mask",
+    "per_example_loss",
+    "padding_fraction",
+]
+
+
+def build_sft_example(tokenizer: Any, messages: list[dict], completion: str, max_length: int) -> dict | None:
+    """Tokenize one prompt/completion pair with a completion-only loss mask.
+
+    The prompt is ``tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)``;
+    it and ``completion + tokenizer.eos_token`` are tokenized separately with
+    ``add_special_tokens=False`` and concatenated.
+
+    Returns ``{"input_ids", "labels", "n_prompt", "n_completion"}`` where ``labels`` is ``-100`` on the
+    ``n_prompt`` prompt tokens and the token ids on the ``n_completion`` completion tokens. When the
+    whole is longer than ``max_length`` the prompt is truncated from the left (its oldest tokens go
+    first) and the completion is kept intact; when the completion alone is longer than ``max_length``
+    the example is dropped and ``None`` is returned (callers count these).
+    """
+    if max_length <= 0:
+        raise ValueError(f"max_length must be positive, got {max_length}")
+    eos = tokenizer.eos_token
+    if not eos:
+        raise ValueError("tokenizer has no eos_token; set tokenizer.eos_token before building SFT examples")
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    prompt_ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    completion_ids = list(tokenizer(completion + eos, add_special_tokens=False)["input_ids"])
+    if len(completion_ids) > max_length:
+        return None
+    room = max_length - len(completion_ids)
+    if len(prompt_ids) > room:
+        prompt_ids = prompt_ids[len(prompt_ids) - room :] if room > 0 else []
+    return {
+        "input_ids": prompt_ids + completion_ids,
+        "labels": [IGNORE_INDEX] * len(prompt_ids) + completion_ids,
+        "n_prompt": len(prompt_ids),
+        "n_completion": len(completion_ids),
+    }
+
+
+def pack_examples(examples: Sequence[dict], max_length: int) -> list[dict]:
+    """Pack examples sequentially (input order kept) into rows of at most ``max_length`` tokens.
+
+    A new pack starts whenever the next example does not fit in the current one; the result is
+    deterministic. Each pack is ``{"input_ids", "labels", "position_ids", "seq_lens"}``: the examples'
+    tokens concatenated with no padding, ``position_ids`` restarting at 0 for each example, and
+    ``seq_lens`` the list of example lengths in order. The label of each example's first token is
+    set to ``-100`` (see the module docstring). An example longer than ``max_length`` raises
+    ``ValueError`` (build examples with the same ``max_length``).
+    """
+    packs: list[dict] = []
+    cur: dict | None = None
+    for i, ex in enumerate(examples):
+        ids = list(ex["input_ids"])
+        labels = list(ex["labels"])
+        n = len(ids)
+        if n == 0:
+            continue
+        if n > max_length:
+            raise ValueError(f"example {i} has {n} tokens, more than max_length={max_length}")
+        if len(labels) != n:
+            raise ValueError(f"example {i}: {len(labels)} labels for {n} input_ids")
+        if cur is None or len(cur["input_ids"]) + n > max_length:
+            cur = {"input_ids": [], "labels": [], "position_ids": [], "seq_lens": []}
+            packs.append(cur)
+        cur["input_ids"].extend(ids)
+        cur["labels"].append(IGNORE_INDEX)
+        cur["labels"].extend(labels[1:])
+        cur["position_ids"].extend(range(n))
+        cur["seq_lens"].append(n)
+    return packs
+
+
+def block_causal_mask(
+    seq_lens: Sequence[Sequence[int]], length: int, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Additive 4D mask ``(B, 1, length, length)``: token i attends to j iff same example and j <= i.
+
+    ``seq_lens[b]`` are the example lengths laid out from the start of row ``b``; positions after
+    them are padding and attend only to themselves (so no softmax row is fully masked -> no NaN).
+    Allowed = ``0``, masked = ``torch.finfo(dtype).min``.
+    """
+    if not dtype.is_floating_point:
+        raise ValueError(f"an additive mask needs a floating dtype, got {dtype}")
+    bsz = len(seq_lens)
+    seg = torch.full((bsz, length), -1, dtype=torch.long)
+    for b, lens in enumerate(seq_lens):
+        start = 0
+        for k, n in enumerate(lens):
+            seg[b, start : start + n] = k
+            start += n
+        if start > length:
+            raise ValueError(f"row {b}: seq_lens sum to {start} > length {length}")
+        # every pad position is its own segment (unique ids past the real ones)
+        n_pad = length - start
+        seg[b, start:] = torch.arange(len(lens), len(lens) + n_pad)
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    allowed = (seg[:, :, None] == seg[:, None, :]) & causal
+    mask = torch.zeros(bsz, 1, length, length, dtype=dtype)
+    mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
+    return mask
+
+
+def collate_packed(packs: Sequence[dict], pad_id: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Right-pad packs to the longest in the batch and build the block-diagonal causal mask.
+
+    Returns ``{"input_ids", "labels", "attention_mask", "position_ids"}``: ``labels`` is ``-100`` on
+    padding, ``position_ids`` restart per example (0 on padding), and ``attention_mask`` is the
+    additive float 4D mask of :func:`block_causal_mask`, shape ``(B, 1, L, L)``. Pass
+    ``dtype`` = the model's dtype (transformers passes a 4D mask through unchanged, with no cast).
+    ``model(**batch)`` works as-is with eager/SDPA attention; for flash-attention drop
+    ``attention_mask``, keep ``position_ids`` and pass ``use_cache=False``.
+    """
+    if not packs:
+        raise ValueError("empty batch")
+    length = max(len(p["input_ids"]) for p in packs)
+    bsz = len(packs)
+    input_ids = torch.full((bsz, length), pad_id, dtype=torch.long)
+    labels = torch.full((bsz, length), IGNORE_INDEX, dtype=torch.long)
+    position_ids = torch.zeros((bsz, length), dtype=torch.long)
+    for b, p in enumerate(packs):
+        n = len(p["input_ids"])
+        if sum(p["seq_lens"]) != n:
+            raise ValueError(f"pack {b}: seq_lens sum to {sum(p['seq_lens'])}, not {n}")
+        input_ids[b, :n] = torch.tensor(p["input_ids"], dtype=torch.long)
+        labels[b, :n] = torch.tensor(p["labels"], dtype=torch.long)
+        position_ids[b, :n] = torch.tensor(p["position_ids"], dtype=torch.long)
+    return {
+        "input_ids": input_ids,
+        "labels": labels,
+        "attention_mask": block_causal_mask([p["seq_lens"] for p in packs], length, dtype),
+        "position_ids": position_ids,
+    }
+
+
+def collate_padded(examples: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    """Unpacked baseline: one example per row, right-padded; ``labels`` -100 and mask 0 on padding."""
+    if not examples:
+        raise ValueError("empty batch")
+    length = max(len(e["input_ids"]) for e in examples)
+    bsz = len(examples)
+    input_ids = torch.full((bsz, length), pad_id, dtype=torch.long)
+    labels = torch.full((bsz, length), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((bsz, length), dtype=torch.long)
+    for b, e in enumerate(examples):
+        n = len(e["input_ids"])
+        input_ids[b, :n] = torch.tensor(e["input_ids"], dtype=torch.long)
+        labels[b, :n] = torch.tensor(e["labels"], dtype=torch.long)
+        attention_mask[b, :n] = 1
+    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+
+
+def per_example_loss(
+    logits: torch.Tensor, labels: torch.Tensor, seq_lens: Sequence[Sequence[int]] | None = None
+) -> torch.Tensor:
+    """Summed token NLL for each example, as a 1D float32 tensor.
+
+    ``logits`` ``(B, L, V)`` and ``labels`` ``(B, L)`` (-100 = ignored). ``seq_lens[b]`` lists the
+    lengths of the examples laid out from the start of row ``b`` (a pack's ``"seq_lens"``); with
+    ``None`` each row is one example (a padded batch). Within each example, logits at position t
+    predict the label at t+1 (the causal-LM shift); nothing is predicted across an example boundary.
+    Examples are returned row by row, in order -- the input order for :func:`pack_examples` output.
+    """
+    bsz, length = labels.shape
+    if seq_lens is None:
+        seq_lens = [[length]] * bsz
+    if len(seq_lens) != bsz:
+        raise ValueError(f"{len(seq_lens)} rows of seq_lens for a batch of {bsz}")
+    out = []
+    for b, lens in enumerate(seq_lens):
+        start = 0
+        for n in lens:
+            lg = logits[b, start : start + n - 1].float()
+            lb = labels[b, start + 1 : start + n].to(lg.device)
+            out.append(F.cross_entropy(lg, lb, ignore_index=IGNORE_INDEX, reduction="sum"))
+            start += n
+    return torch.stack(out)
+
+
+def padding_fraction(batch: dict[str, torch.Tensor]) -> float:
+    """Share of positions in a collated batch that are padding.
+
+    With a 2D ``attention_mask`` (:func:`collate_padded`) this is ``1 - mean(mask)``. Otherwise (a
+    4D packed mask) it is labels-based: examples from :func:`build_sft_example` always end with a
+    supervised token (the eos), and collators pad on the right, so a row's padding is its trailing
+    run of ``-100`` labels.
+    """
+    mask = batch.get("attention_mask")
+    if mask is not None and mask.dim() == 2:
+        return float(1.0 - mask.float().mean().item())
+    labels = batch["labels"]
+    bsz, length = labels.shape
+    if labels.numel() == 0:
+        return 0.0
+    supervised = labels != IGNORE_INDEX
+    idx = torch.arange(length, device=labels.device).expand(bsz, length)
+    last = torch.where(supervised, idx, torch.full_like(idx, -1)).max(dim=1).values  # -1 if none
+    n_pad = (length - 1 - last).sum().item()
+    return float(n_pad) / float(bsz * length)

@@ -1,0 +1,211 @@
+"""Training on tiny models: frozen base / moving LoRA, checkpoints, exact kill-and-resume, export to
+the runtime (merged == base + adapter), 2-process CPU DDP, configs, refusals."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from arbor_train.paths import CONF_DIR, REPO_ROOT
+from arbor_train.train import ConfigError, check_combination, train
+
+
+@pytest.fixture(scope="module")
+def smoke_data(tmp_path_factory):
+    from data_gen.branchmem.__main__ import run
+
+    out = tmp_path_factory.mktemp("data") / "smoke"
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        run(compose(config_name="data_gen", overrides=["preset=smoke", f"out_dir={out}", "progress=false",
+                                                        "workers=1"]))
+    return out
+
+
+def tcfg(run_dir, data, *overrides):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[
+            "model=tiny_encoder", "logger=csv", f"data.train_dir={data}", f"run_dir={run_dir}",
+            "trainer.progress_bar=false", "trainer.max_steps=12", "callbacks.checkpoint_every_n_steps=6",
+            "task.compare_baselines=false", *overrides])
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def trainable_tensors(module):
+    return {n: p.detach().clone() for n, p in module.named_parameters() if p.requires_grad}
+
+
+def test_base_weights_stay_frozen_while_lora_and_head_train(tmp_path, smoke_data):
+    from arbor_train import roles
+
+    c = tcfg(tmp_path / "run", smoke_data)
+    built = roles.build(c)
+    module = built["module"]
+    frozen = {n: p.detach().clone() for n, p in module.named_parameters() if not p.requires_grad}
+    trainable = trainable_tensors(module)
+    assert all("lora_" in n or "classifier" in n or "new_root" in n for n in trainable)
+    assert built["param_counts"]["trainable"] < built["param_counts"]["total"] / 10
+    import lightning as L
+
+    L.Trainer(max_steps=5, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+              num_sanity_val_steps=0, enable_model_summary=False).fit(module, built["train_loader"])
+    for n, p in module.named_parameters():
+        if not p.requires_grad:
+            assert torch.equal(p, frozen[n]), f"frozen weight {n} changed"
+    moved = [n for n, p in module.named_parameters() if p.requires_grad and not torch.equal(p, trainable[n])]
+    assert any("lora_B" in n for n in moved) and any("classifier" in n for n in moved)
+
+
+def test_reranker_run_writes_metrics_checkpoints_and_final_adapter(tmp_path, smoke_data):
+    res = train(tcfg(tmp_path / "run", smoke_data, "task.compare_baselines=true"))
+    run = Path(res["run_dir"])
+    assert res["global_step"] == 12 and res["tokens_per_s"] > 0
+    assert {"acc@1", "mrr"} <= set(res["metrics"]) and {"heuristic", "untuned"} <= set(res["baselines"])
+    assert (run / "final" / "adapter" / "adapter_config.json").exists()
+    ckpts = sorted((run / "checkpoints").glob("step-*.ckpt"))
+    assert [p.name for p in ckpts] == ["step-000006.ckpt", "step-000012.ckpt"]
+    ck = torch.load(ckpts[0], weights_only=False)
+    assert ck["state_dict"] and all(("lora_" in k or "classifier" in k or "new_root" in k) for k in ck["state_dict"])
+    assert "rng" in ck and ck["hyper_parameters"]["config"]["model"]["name"] == "tiny_encoder"
+    assert list((run / "csv").rglob("metrics.csv")), "the CSV logger wrote its metrics"
+
+
+KILL = """
+import sys, time, json
+from arbor_train.train import train
+import lightning.pytorch.callbacks as cb
+c = json.loads(sys.argv[1])
+class Slow(cb.Callback):
+    def on_train_batch_end(self, trainer, *a):
+        if trainer.global_step >= 6:
+            time.sleep(0.5)   # leave the test time to kill us after the step-6 checkpoint
+import arbor_train.train as T
+orig = T.build_trainer
+def build(cfg, run_dir, logger):
+    t = orig(cfg, run_dir, logger)
+    t.callbacks.append(Slow())
+    return t
+T.build_trainer = build
+train(c)
+"""
+
+
+def test_kill_and_resume_is_exact(tmp_path, smoke_data):
+    straight = train(tcfg(tmp_path / "straight", smoke_data))
+    w_straight = torch.load(Path(straight["run_dir"]) / "checkpoints" / "step-000012.ckpt",
+                            weights_only=False)["state_dict"]
+    c = tcfg(tmp_path / "killed", smoke_data)
+    script = tmp_path / "kill.py"
+    script.write_text(KILL)
+    proc = subprocess.Popen([sys.executable, str(script), json.dumps(c)], cwd=REPO_ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt = tmp_path / "killed" / "checkpoints" / "step-000006.ckpt"
+    deadline = time.time() + 300
+    while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    time.sleep(1.0)  # let the checkpoint file be complete
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert ckpt.exists() and not (tmp_path / "killed" / "checkpoints" / "step-000012.ckpt").exists()
+    resumed = train(dict(c, resume=str(ckpt)))
+    assert resumed["global_step"] == 12
+    w_resumed = torch.load(Path(resumed["run_dir"]) / "checkpoints" / "step-000012.ckpt",
+                           weights_only=False)["state_dict"]
+    assert w_straight.keys() == w_resumed.keys()
+    for k in w_straight:
+        assert torch.allclose(w_straight[k], w_resumed[k], atol=1e-6), f"{k} differs after resume"
+
+
+def test_export_plugs_into_the_runtime_and_merged_equals_base_plus_adapter(tmp_path, smoke_data):
+    from peft import PeftModel
+
+    from arbor_train.export import _load_base, export
+    from arbor_train.runtime import ArborMemory, default_config, load_bundle
+    from arbor_train.runtime.schema import Candidate
+
+    res = train(tcfg(tmp_path / "run", smoke_data))
+    bundle = export(res["run_dir"], tmp_path / "bundle", log_artifact=False)
+    b = load_bundle(bundle, role="reranker")
+    assert b.manifest["kind"] == "cross_encoder" and b.manifest["merged"] == "merged"
+    assert 0 < b.manifest["new_root_threshold"] < 1 and b.manifest["data_fingerprint"].startswith("sha256:")
+    merged, tok = b.load_model(prefer="merged")
+    train_cfg = OmegaConf.to_container(OmegaConf.load(Path(res["run_dir"]) / "final" / "config.yaml"))
+    base_plus = PeftModel.from_pretrained(_load_base(train_cfg, {"role": "reranker"}), str(bundle / "adapter")).eval()
+    enc = tok(["What is Ann's budget?"] * 2, ["Topic: Ann trip", "Topic: Bo agenda"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        assert torch.allclose(merged(**enc).logits, base_plus(**enc).logits, atol=1e-5)
+    cfg = default_config("tuned", [f"reranker.bundle.path={bundle}", "reranker.bundle.quantize=null",
+                                   "embedder.kind=hashing"])
+    mem = ArborMemory.open(tmp_path / "m.sqlite", "c", cfg)
+    assert mem.reranker.name.startswith("bundle:")
+    assert mem.new_root_threshold == pytest.approx(b.manifest["new_root_threshold"])
+    mem.step("Ann is planning a trip to Lisbon. Ann's budget is $900.", "Noted.")
+    loc, _ = mem.read("What is Ann's budget?")
+    assert loc.candidates and all(0 <= c.score <= 1 for c in loc.candidates)
+    mem.close()
+    with pytest.raises(FileExistsError, match="overwrite=true"):
+        export(res["run_dir"], bundle, log_artifact=False)
+
+
+def test_tagger_and_extractor_roles_train(tmp_path, smoke_data):
+    res = train(tcfg(tmp_path / "tag", smoke_data, "task=tagger", "trainer.max_steps=4"))
+    assert {"exact_match", "micro_f1", "macro_f1"} <= set(res["metrics"])
+    res = train(tcfg(tmp_path / "ext", smoke_data, "model=tiny_decoder", "task=extractor_states", "trainer.max_steps=3",
+                     "task.gen_examples=2", "task.max_new_tokens=6"))
+    assert res["metrics"]["generated"] == 2 and 0.0 <= res["metrics"]["json_validity"] <= 1.0
+    assert res["kinds"] == ["states"]
+
+
+def test_two_process_cpu_ddp(tmp_path, smoke_data):
+    run_dir = tmp_path / "ddp"
+    env = dict(os.environ, ARBOR_OUTPUT_ROOT=str(tmp_path / "out"), PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "arbor_train.train", "model=tiny_encoder", "logger=csv", "trainer=ddp",
+           "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_steps=4", "trainer.progress_bar=false",
+           "task.compare_baselines=false", f"data.train_dir={smoke_data}", f"run_dir={run_dir}"]
+    p = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = json.loads((run_dir / "final" / "metrics.json").read_text())
+    assert m["global_step"] == 4 and m["world_size"] == 2
+
+
+def test_every_experiment_config_composes_and_instantiates(tmp_path, smoke_data):
+    from arbor_train import roles
+
+    names = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+    assert names
+    for name in names:
+        first = (CONF_DIR / "experiment" / f"{name}.yaml").read_text().splitlines()[1]
+        assert first.startswith("# python -m arbor_train.train experiment="), f"{name}: first comment is the command"
+        c = tcfg(tmp_path / name, smoke_data, f"experiment={name}", f"data.train_dir={smoke_data}", "data.val_dir=null")
+        if c["model"]["ref"] and not str(c["model"]["ref"]).startswith(("pkg:", "gguf:")):
+            # hub models are not on this machine: instantiate the same wiring on the tiny model of that family
+            tiny = "tiny_decoder" if c["model"]["family"] == "decoder" else "tiny_encoder"
+            c = tcfg(tmp_path / name, smoke_data, f"experiment={name}", f"data.train_dir={smoke_data}",
+                     "data.val_dir=null", f"model={tiny}", "trainer=cpu")
+        if c["model"]["name"] == "smollm2_135m":
+            c = tcfg(tmp_path / name, smoke_data, f"experiment={name}", f"data.train_dir={smoke_data}",
+                     "data.val_dir=null", "model=tiny_decoder")
+        if c["trainer"]["strategy_name"] != "single":
+            c = tcfg(tmp_path / name, smoke_data, f"experiment={name}", f"data.train_dir={smoke_data}",
+                     "data.val_dir=null", "trainer=cpu", f"model={c['model']['name']}")
+        built = roles.build(c)
+        assert built["param_counts"]["trainable"] > 0, name
+
+
+@pytest.mark.parametrize("overrides, msg", [
+    (["trainer=fsdp"], "needs GPUs"),
+    (["trainer=deepspeed_zero3"], "needs GPUs"),
+    (["task=extractor_states"], "needs a decoder"),
+    (["model=tiny_decoder", "task=reranker"], "needs an encoder"),
+    (["model=qwen3_4b", "task=extractor_states", "peft.enabled=false"], "full fine-tuning"),
+])
+def test_impossible_combinations_are_refused_before_work(tmp_path, smoke_data, overrides, msg):
+    with pytest.raises(ConfigError, match=msg):
+        check_combination(tcfg(tmp_path, smoke_data, *overrides))
