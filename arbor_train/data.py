@@ -61,20 +61,23 @@ class RerankGroup:
 
 
 def rerank_groups(rows, source: str, group_size: int, include_new_root: bool = True) -> list[RerankGroup]:
-    """Gold + the hardest negatives (by the runtime's own score), at most group_size documents."""
+    """The latest gold-trajectory state + the hardest negatives (by the runtime's own score).
+
+    Other states of the gold trajectory are left out rather than used as negatives: attaching to any of
+    them resumes the right trajectory (the runtime attaches at its tip), so they are not errors."""
     out = []
     for r in rows:
         cands = list(r["candidates"])
-        if source == "routing":
-            gold_turns = {r["gold_parent"]} if r["gold_parent"] >= 0 else set()
-        else:
-            gold_turns = set(r["gold_states"])
+        gold_turns = set(r["gold_states"])
+        if source == "routing" and r["gold_parent"] >= 0:
+            gold_turns.add(r["gold_parent"])
         golds = [c for c in cands if c["turn"] in gold_turns]
-        if not golds and (source != "routing" or r["gold_parent"] >= 0 or not include_new_root):
+        new_root = source == "routing" and r["gold_parent"] < 0
+        if not golds and not (new_root and include_new_root):
             continue
         negs = sorted((c for c in cands if c["turn"] not in gold_turns), key=lambda c: -c["runtime_score"])
         if golds:
-            gold = max(golds, key=lambda c: c["turn"])  # the latest state of the gold trajectory
+            gold = max(golds, key=lambda c: c["turn"])
             docs = [gold] + negs[: group_size - 1]
         else:
             docs = negs[:group_size]

@@ -44,6 +44,10 @@ class _Base(L.LightningModule):
         sched = torch.optim.lr_scheduler.LambdaLR(opt, linear)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
+    def on_train_epoch_start(self) -> None:
+        # from_pretrained returns eval-mode modules and Lightning keeps modes as found: train here
+        self.model.train()
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         trainable = {n for n, p in self.named_parameters() if p.requires_grad}
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}

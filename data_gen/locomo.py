@@ -151,7 +151,7 @@ def convert(convs, runtime_cfg: dict, categories: list[int], rules: list[str], p
                 chosen = turn_of.get(loc.parent_id) if loc.parent_id is not None else None
                 rows["routing"].append({
                     "session_id": cid, "turn": i, "input": it.user, "timestamp": it.timestamp, "candidates": cands,
-                    "gold_parent": parent, "runtime_choice": -1 if chosen is None else chosen, "route": loc.route,
+                    "gold_parent": parent, "gold_states": [parent], "runtime_choice": -1 if chosen is None else chosen, "route": loc.route,
                     "gold_recalled": any(c["turn"] == parent and c["recalled"] for c in cands), "label_rule": rule})
                 loc = Localization(node_of[parent], "weak_label", 1.0)
             node = mem.commit(it.user, it.assistant, loc, it.timestamp)

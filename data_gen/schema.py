@@ -36,7 +36,10 @@ SCHEMAS: dict[str, Features] = {
         "plan": Value("string"),       # JSON of the full plan (branches, slots, moves)
     }),
     # label_rule: "plan" for generated sets; the weak-label rule that produced gold_parent for LoCoMo
+    # gold_states: every earlier state of the gold trajectory (attaching to any of them resumes it, the
+    # runtime attaches at the tip); empty for a new root
     "routing": Features({**_BASE, "candidates": [CANDIDATE], "gold_parent": Value("int32"),  # -1 = new root
+                         "gold_states": Sequence(Value("int32")),
                          "runtime_choice": Value("int32"), "route": Value("string"), "gold_recalled": Value("bool"),
                          "label_rule": Value("string")}),
     "localization": Features({**_BASE, "candidates": [CANDIDATE], "gold_states": Sequence(Value("int32")),

@@ -132,7 +132,75 @@ def bench_runtime(cfg: DictConfig) -> dict:
     return results
 
 
-TARGETS = {"runtime": bench_runtime}
+def bench_train(cfg: DictConfig) -> dict:
+    """Tokens/s and padding fraction of this toolkit's extractor training step (completion-only loss,
+    packed) against a plain Hugging Face Trainer + PEFT run (padded batches) on the same model and data."""
+    import lightning as L
+    import torch
+    from transformers import DataCollatorForSeq2Seq, Trainer, TrainingArguments
+
+    from arbor_train import roles
+    from arbor_train.models import add_lora, build_decoder
+    from arbor_train.packing import collate_padded, padding_fraction
+    from arbor_train.runtime.config import compose
+
+    b = cfg.bench_train
+    over = [f"model={b.model}", "task=extractor_states", f"data.train_dir={b.data_dir}", "logger=csv",
+            f"data.max_train_examples={b.examples}", "data.max_val_examples=8", f"task.batch_size={b.packs_per_batch}",
+            f"task.pack_length={b.pack_length}", f"task.max_length={b.max_length}", "run_dir=/tmp/arbor_bench_train"]
+    c = OmegaConf.to_container(compose("train", over), resolve=True)
+    torch.set_num_threads(int(b.threads))
+    res: dict = {"model": b.model, "steps": int(b.steps)}
+
+    # ours: packed, completion-only loss, Lightning
+    built = roles.build(c)
+    module, loader = built["module"], built["train_loader"]
+    loader.examples = loader.examples[: int(b.steps) * int(b.packs_per_batch)]
+    batches = [loader.collate(loader.examples[i : i + loader.batch_size])
+               for i in range(0, len(loader.examples), loader.batch_size)]
+    tokens = sum(int((x["labels"] != -100).sum() + 0) for x in batches)
+    real = sum(int(len(x["input_ids"][0])) * len(x["input_ids"]) * (1 - padding_fraction(x)) for x in batches)
+    trainer = L.Trainer(max_steps=int(b.steps), logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        num_sanity_val_steps=0, limit_val_batches=0, enable_model_summary=False)
+    t0 = time.perf_counter()
+    trainer.fit(module, loader)
+    dt = time.perf_counter() - t0
+    res["ours"] = {"tokens_per_s": round(real / dt, 1), "padding_fraction": round(
+        statistics.mean(padding_fraction(x) for x in batches), 4), "seconds": round(dt, 2),
+        "completion_tokens": tokens, "batch": f"{b.packs_per_batch} packs of <= {b.pack_length} tokens"}
+
+    # plain HF Trainer + PEFT: one example per row, padded per batch, same examples in the same order
+    from arbor_train.extractor import sft_examples
+    from arbor_train.data import load_sets, select_rows
+
+    rows = select_rows(load_sets(b.data_dir, ["extraction"])["extraction"], b.examples, c["task"]["nonempty_share"],
+                       ["states"])
+    model, tok = build_decoder(c["model"], seed=0)
+    model = add_lora(model, c["peft"], c["model"], "CAUSAL_LM")
+    exs, _, _ = sft_examples(rows, tok, ["states"], int(b.max_length))
+    per_dev = int(b.hf_batch_size)
+    hf_exs = exs[: int(b.steps) * per_dev]
+    collator = DataCollatorForSeq2Seq(tok, padding=True, label_pad_token_id=-100)
+    hf_batches = [collate_padded(hf_exs[i : i + per_dev], tok.pad_token_id) for i in range(0, len(hf_exs), per_dev)]
+    hf_real = sum(int(x["attention_mask"].sum()) for x in hf_batches)
+    args = TrainingArguments(output_dir="/tmp/arbor_bench_hf", per_device_train_batch_size=per_dev,
+                             max_steps=int(b.steps), learning_rate=1e-4, logging_steps=1000, save_strategy="no",
+                             report_to=[], use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
+                             remove_unused_columns=False, seed=0)
+    data = [{"input_ids": x["input_ids"], "labels": x["labels"]} for x in hf_exs]
+    tr = Trainer(model=model, args=args, train_dataset=data, data_collator=collator)
+    t0 = time.perf_counter()
+    tr.train()
+    dt = time.perf_counter() - t0
+    res["hf_trainer_peft"] = {"tokens_per_s": round(hf_real / dt, 1), "padding_fraction": round(
+        statistics.mean(padding_fraction(x) for x in hf_batches), 4), "seconds": round(dt, 2),
+        "batch": f"{per_dev} padded examples"}
+    res["speedup_tokens_per_s"] = round(res["ours"]["tokens_per_s"] / res["hf_trainer_peft"]["tokens_per_s"], 3)
+    res["hf_examples"] = len(hf_exs)
+    return res
+
+
+TARGETS = {"runtime": bench_runtime, "train": bench_train}
 
 
 def run(cfg: DictConfig) -> dict:

@@ -55,6 +55,7 @@ def mine_session(session_id: str, turns: list[Turn], runtime_cfg: dict, componen
             else:
                 out["routing"].append({
                     **base, "candidates": cands, "gold_parent": -1 if gold_parent is None else gold_parent,
+                    "gold_states": [] if gold_parent is None else [x.index for x in turns[: t.index] if x.branch == t.branch],
                     "runtime_choice": -1 if chosen is None else chosen, "route": loc.route, "label_rule": "plan",
                     "gold_recalled": gold_parent is None or any(c["turn"] == gold_parent and c["recalled"] for c in cands)})
                 target = {k: t.extraction[k] for k in ("states", "facts", "entities", "artifacts", "events")}
