@@ -46,9 +46,16 @@ class ExtractorModule(_Base):
         self.padding = []
 
     def _loss(self, batch: dict) -> torch.Tensor:
+        """Mean token NLL over completion tokens; the LM head runs only where a label is predicted
+        (`logits_to_keep`), not over every prompt position and its full-vocabulary softmax."""
+        labels = batch["labels"]
+        target = labels[:, 1:]
+        keep = torch.nonzero((target != -100).any(0), as_tuple=False).squeeze(-1)  # positions predicting a label
         out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                         position_ids=batch["position_ids"], labels=batch["labels"], use_cache=False)
-        return out.loss
+                         position_ids=batch["position_ids"], use_cache=False, logits_to_keep=keep)
+        logits = out.logits.float()
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 target[:, keep].reshape(-1), ignore_index=-100)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)

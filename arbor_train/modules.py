@@ -51,15 +51,18 @@ class _Base(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         trainable = {n for n, p in self.named_parameters() if p.requires_grad}
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        # plain containers and tensors only, so torch.load(weights_only=True) reads it back
         checkpoint["rng"] = {"torch": torch.get_rng_state(), "python": random.getstate(),
-                             "numpy": np.random.get_state()}
+                             "numpy": [kind, torch.from_numpy(keys.copy()), int(pos), int(has_gauss), float(cached)]}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         rng = checkpoint.get("rng")
         if rng:
             torch.set_rng_state(rng["torch"])
             random.setstate(rng["python"])
-            np.random.set_state(rng["numpy"])
+            kind, keys, pos, has_gauss, cached = rng["numpy"]
+            np.random.set_state((kind, keys.numpy(), pos, has_gauss, cached))
 
     def _count_tokens(self, batch: dict) -> None:
         self.tokens_seen += int(batch["attention_mask"].sum()) if batch["attention_mask"].dim() == 2 else 0

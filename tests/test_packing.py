@@ -215,3 +215,14 @@ def test_padding_fraction_packed_below_padded(tokenizer, examples):
     # labels-based count agrees with the 2D mask on the padded batch
     assert padding_fraction({"labels": padded["labels"]}) == pytest.approx(expected_padded)
     assert padding_fraction(packed) < padding_fraction(padded)
+
+
+def test_selective_logits_loss_equals_the_full_loss(tokenizer, examples):
+    """The extractor's loss (LM head only where a label is predicted) equals the model's own loss."""
+    from arbor_train.extractor import ExtractorModule
+
+    model = _model(tokenizer, "sdpa")
+    batch = collate_packed(pack_examples(examples, 72), tokenizer.pad_token_id)
+    full = model(**batch).loss
+    mod = ExtractorModule(model, {"optim": {}, "task": {}}, tokenizer, [])
+    assert torch.allclose(mod._loss(batch), full, atol=1e-5)
