@@ -99,6 +99,22 @@ def encode_groups(groups: list[RerankGroup], tokenizer, max_length: int) -> list
     return out
 
 
+def encode_groups_llm(groups: list[RerankGroup], tokenizer, max_length: int) -> list[dict]:
+    """Qwen3-Reranker layout prompts (arbor_train.prompts.rerank_prompt), truncated from the left of the
+    document so the answer position is always the last token."""
+    from arbor_train.prompts import rerank_prompt
+
+    out = []
+    for g in groups:
+        ids = []
+        for d in g.docs:
+            enc = tokenizer(rerank_prompt(tokenizer, g.query, d), add_special_tokens=False)["input_ids"]
+            ids.append(enc[-max_length:])
+        out.append({"input_ids": ids, "attention_mask": [[1] * len(x) for x in ids], "gold": g.gold,
+                    "left_pad": True})
+    return out
+
+
 def collate_groups(batch: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     """Flatten groups into (sum of group sizes) pairs, padded; `group` maps pairs to groups."""
     seqs = [ids for ex in batch for ids in ex["input_ids"]]
@@ -107,10 +123,12 @@ def collate_groups(batch: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     att = torch.zeros((len(seqs), L), dtype=torch.long)
     tt = torch.zeros((len(seqs), L), dtype=torch.long)
     k = 0
+    left = bool(batch and batch[0].get("left_pad"))
     for ex in batch:
         for j, s in enumerate(ex["input_ids"]):
-            ids[k, : len(s)] = torch.tensor(s)
-            att[k, : len(s)] = 1
+            sl = slice(L - len(s), L) if left else slice(0, len(s))  # decoders read the last position
+            ids[k, sl] = torch.tensor(s)
+            att[k, sl] = 1
             if ex.get("token_type_ids"):
                 tt[k, : len(s)] = torch.tensor(ex["token_type_ids"][j])
             k += 1

@@ -75,7 +75,13 @@ class RerankerModule(_Base):
         self._val: list[dict] = []
 
     def scores(self, batch: dict) -> torch.Tensor:
+        """One logit per (input, candidate) pair: the head's output for a cross-encoder; for an LLM
+        scorer, logit(yes) - logit(no) at the answer position (sigmoid of it is the runtime's p(yes))."""
         kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        if "yes_no" in batch:
+            out = self.model(**kwargs, logits_to_keep=1, use_cache=False).logits[:, -1].float()
+            yes, no = batch["yes_no"].tolist()
+            return out[:, yes] - out[:, no]
         if "token_type_ids" in batch:
             kwargs["token_type_ids"] = batch["token_type_ids"]
         return self.model(**kwargs).logits[:, 0].float()

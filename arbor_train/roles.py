@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from . import data as D
 from .models import add_lora, build_encoder, param_counts
 from .modules import RerankerModule, TaggerModule
@@ -53,18 +55,34 @@ def _build_reranker(c: dict) -> dict[str, Any]:
             groups[split] += D.rerank_groups(rows[n], n, t["group_size"], t["include_new_root"])
     groups["train"] = _cap(groups["train"], dc.get("max_train_examples"))
     groups["val"] = _cap(groups["val"], dc.get("max_val_examples"))
-    model, tok = build_encoder(c["model"], num_labels=1, seed=c["seed"])
-    model = add_lora(model, c["peft"], c["model"], "SEQ_CLS", modules_to_save=list(c["model"]["head_modules"]))
+    llm = c["model"]["family"] == "decoder"
+    if llm:  # LLM scorer: p(yes) at the answer position, Qwen3-Reranker layout
+        from arbor_train.runtime.llm import _yes_no_ids
+
+        from .models import build_decoder
+
+        model, tok = build_decoder(c["model"], seed=c["seed"])
+        model = add_lora(model, c["peft"], c["model"], "CAUSAL_LM")
+        yes_no = torch.tensor(_yes_no_ids(tok))
+        encode = D.encode_groups_llm
+    else:
+        model, tok = build_encoder(c["model"], num_labels=1, seed=c["seed"])
+        model = add_lora(model, c["peft"], c["model"], "SEQ_CLS", modules_to_save=list(c["model"]["head_modules"]))
+        yes_no = None
+        encode = D.encode_groups
     module = RerankerModule(model, c)
     pad = tok.pad_token_id
 
     def collate(b):
-        return D.collate_groups(b, pad)
+        out = D.collate_groups(b, pad)
+        if yes_no is not None:
+            out["yes_no"] = yes_no
+            out.pop("token_type_ids")
+        return out
 
     bs = c["task"]["batch_size"]
-    train_loader = D.ResumableLoader(D.encode_groups(groups["train"], tok, t["max_length"]), bs, collate, c["seed"])
-    val_loader = D.ResumableLoader(D.encode_groups(groups["val"], tok, t["max_length"]), bs, collate, c["seed"],
-                                   shuffle=False)
+    train_loader = D.ResumableLoader(encode(groups["train"], tok, t["max_length"]), bs, collate, c["seed"])
+    val_loader = D.ResumableLoader(encode(groups["val"], tok, t["max_length"]), bs, collate, c["seed"], shuffle=False)
     return {"module": module, "tokenizer": tok, "train_loader": train_loader, "val_loader": val_loader,
             "groups": groups, "param_counts": param_counts(model),
             "data_fingerprint": D.fingerprint(dc["train_dir"], names)}

@@ -40,6 +40,8 @@ def check_combination(cfg: dict) -> None:
             raise ConfigError("trainer=deepspeed_zero3 needs the deepspeed package (pip install deepspeed)") from e
     if "mixed" in str(t["precision"]) and t["accelerator"] == "cpu" and str(t["precision"]).startswith("16"):
         raise ConfigError("trainer.precision=16-mixed is not supported on CPU; use 32 or bf16-mixed")
+    if cfg["task"]["head"] == "yes_no" and m["family"] != "decoder":
+        raise ConfigError(f"task={cfg['task']['name']} scores p(yes) with a causal LM; model={m['name']} is an encoder")
     if cfg["task"]["role"] in ("reranker", "tagger") and m["family"] != "encoder" and cfg["task"]["head"] == "classifier":
         raise ConfigError(f"task={cfg['task']['name']} with a classification head needs an encoder model, "
                           f"got model={m['name']} (family {m['family']})")

@@ -215,3 +215,21 @@ def test_every_experiment_config_composes_and_instantiates(tmp_path, smoke_data)
 def test_impossible_combinations_are_refused_before_work(tmp_path, smoke_data, overrides, msg):
     with pytest.raises(ConfigError, match=msg):
         check_combination(tcfg(tmp_path, smoke_data, *overrides))
+
+
+def test_llm_scorer_reranker_trains_and_exports_to_the_runtime(tmp_path, smoke_data):
+    from arbor_train.export import export
+    from arbor_train.runtime import load_bundle
+    from arbor_train.runtime.rerank import build_reranker
+    from arbor_train.runtime.schema import Candidate
+
+    res = train(tcfg(tmp_path / "llm", smoke_data, "model=tiny_decoder", "task=reranker_llm", "trainer.max_steps=4",
+                     "task.max_length=160"))
+    assert {"acc@1", "mrr"} <= set(res["metrics"])
+    bundle = export(res["run_dir"], tmp_path / "b", log_artifact=False)
+    assert load_bundle(bundle).kind == "llm_scorer"
+    r = build_reranker({"kind": "bundle", "bundle": {"path": str(bundle), "quantize": None}})
+    cands = [Candidate(1, "Ann trip", "Ann trip: budget", "Ann's budget is $900", ["Ann"], 0, 1),
+             Candidate(2, "Bo agenda", "Bo agenda: venue", "Bo's venue", ["Bo"], 1, 2)]
+    s = r.score("What is Ann's budget?", cands)
+    assert len(s) == 2 and all(0 < x < 1 for x in s) and r.new_root_threshold is not None
