@@ -116,25 +116,19 @@ def encode_groups_llm(groups: list[RerankGroup], tokenizer, max_length: int) -> 
 
 
 def collate_groups(batch: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
-    """Flatten groups into (sum of group sizes) pairs, padded; `group` maps pairs to groups."""
-    seqs = [ids for ex in batch for ids in ex["input_ids"]]
-    L = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
-    att = torch.zeros((len(seqs), L), dtype=torch.long)
-    tt = torch.zeros((len(seqs), L), dtype=torch.long)
-    k = 0
+    """Flatten groups into (sum of group sizes) pairs, padded (on the left for decoders, which read the
+    last position); `group_sizes` maps pairs back to groups."""
+    from .packing import pad_sequences
+
     left = bool(batch and batch[0].get("left_pad"))
-    for ex in batch:
-        for j, s in enumerate(ex["input_ids"]):
-            sl = slice(L - len(s), L) if left else slice(0, len(s))  # decoders read the last position
-            ids[k, sl] = torch.tensor(s)
-            att[k, sl] = 1
-            if ex.get("token_type_ids"):
-                tt[k, : len(s)] = torch.tensor(ex["token_type_ids"][j])
-            k += 1
-    sizes = torch.tensor([len(ex["input_ids"]) for ex in batch])
-    return {"input_ids": ids, "attention_mask": att, "token_type_ids": tt, "group_sizes": sizes,
-            "gold": torch.tensor([ex["gold"] for ex in batch])}
+    seqs = [ids for ex in batch for ids in ex["input_ids"]]
+    out = {"input_ids": pad_sequences(seqs, pad_id, left),
+           "attention_mask": pad_sequences([[1] * len(x) for x in seqs], 0, left),
+           "group_sizes": torch.tensor([len(ex["input_ids"]) for ex in batch]),
+           "gold": torch.tensor([ex["gold"] for ex in batch])}
+    if batch and batch[0].get("token_type_ids"):
+        out["token_type_ids"] = pad_sequences([t for ex in batch for t in ex["token_type_ids"]], 0, left)
+    return out
 
 
 def tag_examples(rows, tokenizer, labels: list[str], max_length: int) -> list[dict]:
@@ -151,13 +145,11 @@ def tag_examples(rows, tokenizer, labels: list[str], max_length: int) -> list[di
 
 
 def collate_tags(batch: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
-    L = max(len(ex["input_ids"]) for ex in batch)
-    ids = torch.full((len(batch), L), pad_id, dtype=torch.long)
-    att = torch.zeros((len(batch), L), dtype=torch.long)
-    for i, ex in enumerate(batch):
-        ids[i, : len(ex["input_ids"])] = torch.tensor(ex["input_ids"])
-        att[i, : len(ex["input_ids"])] = 1
-    return {"input_ids": ids, "attention_mask": att, "labels": torch.tensor([ex["labels"] for ex in batch])}
+    from .packing import pad_sequences
+
+    return {"input_ids": pad_sequences([ex["input_ids"] for ex in batch], pad_id),
+            "attention_mask": pad_sequences([ex["attention_mask"] for ex in batch], 0),
+            "labels": torch.tensor([ex["labels"] for ex in batch])}
 
 
 class ResumableLoader:

@@ -175,41 +175,40 @@ def collate_packed(packs: Sequence[dict], pad_id: int, dtype: torch.dtype = torc
     """
     if not packs:
         raise ValueError("empty batch")
-    length = max(len(p["input_ids"]) for p in packs)
-    bsz = len(packs)
-    input_ids = torch.full((bsz, length), pad_id, dtype=torch.long)
-    labels = torch.full((bsz, length), IGNORE_INDEX, dtype=torch.long)
-    position_ids = torch.zeros((bsz, length), dtype=torch.long)
     for b, p in enumerate(packs):
-        n = len(p["input_ids"])
-        if sum(p["seq_lens"]) != n:
-            raise ValueError(f"pack {b}: seq_lens sum to {sum(p['seq_lens'])}, not {n}")
-        input_ids[b, :n] = torch.tensor(p["input_ids"], dtype=torch.long)
-        labels[b, :n] = torch.tensor(p["labels"], dtype=torch.long)
-        position_ids[b, :n] = torch.tensor(p["position_ids"], dtype=torch.long)
+        if sum(p["seq_lens"]) != len(p["input_ids"]):
+            raise ValueError(f"pack {b}: seq_lens sum to {sum(p['seq_lens'])}, not {len(p['input_ids'])}")
+    input_ids = pad_sequences([p["input_ids"] for p in packs], pad_id)
+    length = input_ids.shape[1]
+    position_ids = pad_sequences([p["position_ids"] for p in packs], 0)
     return {
         "input_ids": input_ids,
-        "labels": labels,
+        "labels": pad_sequences([p["labels"] for p in packs], IGNORE_INDEX),
         "attention_mask": block_causal_mask([p["seq_lens"] for p in packs], length, dtype),
         "position_ids": position_ids,
     }
+
+
+def pad_sequences(seqs: Sequence[Sequence[int]], value: int, left: bool = False) -> torch.Tensor:
+    """A (len(seqs), longest) long tensor, right-padded (or left-padded) with `value`."""
+    length = max(len(x) for x in seqs)
+    out = torch.full((len(seqs), length), value, dtype=torch.long)
+    for b, x in enumerate(seqs):
+        if len(x):
+            if left:
+                out[b, length - len(x):] = torch.tensor(x, dtype=torch.long)
+            else:
+                out[b, : len(x)] = torch.tensor(x, dtype=torch.long)
+    return out
 
 
 def collate_padded(examples: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
     """Unpacked baseline: one example per row, right-padded; ``labels`` -100 and mask 0 on padding."""
     if not examples:
         raise ValueError("empty batch")
-    length = max(len(e["input_ids"]) for e in examples)
-    bsz = len(examples)
-    input_ids = torch.full((bsz, length), pad_id, dtype=torch.long)
-    labels = torch.full((bsz, length), IGNORE_INDEX, dtype=torch.long)
-    attention_mask = torch.zeros((bsz, length), dtype=torch.long)
-    for b, e in enumerate(examples):
-        n = len(e["input_ids"])
-        input_ids[b, :n] = torch.tensor(e["input_ids"], dtype=torch.long)
-        labels[b, :n] = torch.tensor(e["labels"], dtype=torch.long)
-        attention_mask[b, :n] = 1
-    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+    return {"input_ids": pad_sequences([e["input_ids"] for e in examples], pad_id),
+            "labels": pad_sequences([e["labels"] for e in examples], IGNORE_INDEX),
+            "attention_mask": pad_sequences([[1] * len(e["input_ids"]) for e in examples], 0)}
 
 
 def per_example_loss(

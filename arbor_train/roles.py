@@ -77,7 +77,7 @@ def _build_reranker(c: dict) -> dict[str, Any]:
         out = D.collate_groups(b, pad)
         if yes_no is not None:
             out["yes_no"] = yes_no
-            out.pop("token_type_ids")
+            out.pop("token_type_ids", None)
         return out
 
     bs = c["task"]["batch_size"]

@@ -15,9 +15,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable
+
+
+@contextmanager
+def quiet(logger_name: str = "arbor_train", level: int = logging.ERROR):
+    """Raise a logger's level for a block (replays log every repaired extractor output) and restore it."""
+    lg = logging.getLogger(logger_name)
+    old = lg.level
+    lg.setLevel(level)
+    try:
+        yield
+    finally:
+        lg.setLevel(old)
 
 
 def dumps(row: dict) -> str:

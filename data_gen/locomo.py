@@ -255,11 +255,17 @@ def card(stats: dict, source: str) -> str:
 
 
 def run(cfg: DictConfig) -> dict:
+    from data_gen.io import quiet
+
+    with quiet():
+        return _run(cfg)
+
+
+def _run(cfg: DictConfig) -> dict:
     from arbor_train.runtime import default_config
     from data_gen.io import write_sets
     from eval.benchmarks.locomo import load_locomo
 
-    logging.getLogger("arbor_train").setLevel(logging.ERROR)
     if not cfg.input:
         raise ValueError("option input (a LoCoMo file or folder) is required, e.g. input=../shared/data/locomo")
     categories = [int(c) for c in cfg.categories]

@@ -233,3 +233,15 @@ def test_llm_scorer_reranker_trains_and_exports_to_the_runtime(tmp_path, smoke_d
              Candidate(2, "Bo agenda", "Bo agenda: venue", "Bo's venue", ["Bo"], 1, 2)]
     s = r.score("What is Ann's budget?", cands)
     assert len(s) == 2 and all(0 < x < 1 for x in s) and r.new_root_threshold is not None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model, task", [("minilm_l6", "reranker"), ("smollm2_135m", "extractor_states"),
+                                         ("minilm_l6", "tagger")])
+def test_real_small_models_train_a_few_steps(tmp_path, smoke_data, model, task):
+    res = train(tcfg(tmp_path / model, smoke_data, f"model={model}", f"task={task}", "trainer.max_steps=2",
+                     "data.max_val_examples=16", "task.gen_examples=2", "task.max_new_tokens=8")
+                if task == "extractor_states" else
+                tcfg(tmp_path / model, smoke_data, f"model={model}", f"task={task}", "trainer.max_steps=2",
+                     "data.max_val_examples=16"))
+    assert res["global_step"] == 2 and res["params"]["trainable"] < res["params"]["total"] / 5

@@ -462,19 +462,18 @@ class Store:
         chains = [int(r[0]) for r in self.db.execute(q, ids)]
         return [self.record_history(c, versions) for c in chains]
 
-    def search_artifacts(self, conv: str, text: str, k: int) -> list[Artifact]:
-        ids = self._search_ids("artifact_fts", conv, text, k)
+    def _search_rows(self, table: str, cols: str, conv: str, text: str, k: int) -> list[tuple]:
+        ids = self._search_ids(f"{table[:-1]}_fts", conv, text, k)
         if not ids:
             return []
-        q = f"SELECT {self._ART_COLS} FROM artifacts WHERE id IN ({','.join('?' * len(ids))}) ORDER BY seq, id"
-        return [self._art(r) for r in self.db.execute(q, ids)]
+        q = f"SELECT {cols} FROM {table} WHERE id IN ({','.join('?' * len(ids))}) ORDER BY seq, id"
+        return list(self.db.execute(q, ids))
+
+    def search_artifacts(self, conv: str, text: str, k: int) -> list[Artifact]:
+        return [self._art(r) for r in self._search_rows("artifacts", self._ART_COLS, conv, text, k)]
 
     def search_events(self, conv: str, text: str, k: int) -> list[Event]:
-        ids = self._search_ids("event_fts", conv, text, k)
-        if not ids:
-            return []
-        q = f"SELECT {self._EV_COLS} FROM events WHERE id IN ({','.join('?' * len(ids))}) ORDER BY seq, id"
-        return [self._ev(r) for r in self.db.execute(q, ids)]
+        return [self._ev(r) for r in self._search_rows("events", self._EV_COLS, conv, text, k)]
 
     def counts(self, conv: str) -> dict[str, int]:
         out = {}

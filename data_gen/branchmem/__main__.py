@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import time
 from pathlib import Path
 
@@ -49,7 +48,13 @@ def _cfg_text(cfg: DictConfig) -> str:
 
 
 def run(cfg: DictConfig) -> dict:
-    logging.getLogger("arbor_train").setLevel(logging.ERROR)
+    from data_gen.io import quiet
+
+    with quiet():
+        return _run(cfg)
+
+
+def _run(cfg: DictConfig) -> dict:
     cmd = cfg.command
     if cmd == "generate":
         p = _preset(cfg)
