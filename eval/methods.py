@@ -1,0 +1,219 @@
+"""Memory methods compared in one harness, under one answer model and one read budget.
+
+Every method ingests turns online (`observe`) and, at a question, returns a context (`read`) built only
+from what was committed before the question. Baselines may prefilter up to twice the budget before
+packing, as in the method paper.
+
+- ArborMemoryMethod   the reference runtime (heuristic, prompted or tuned components; ablations)
+- FullContextMethod   the most recent turns that fit the budget
+- BM25Method          BM25 top-k turns (SQLite FTS5), packed by score
+- DenseMethod         embedding top-k turns (the runtime's embedder), packed by score
+- FactStoreMethod     extracted atomic facts (the runtime's extractors) retrieved by BM25, no forest
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, field
+
+
+import numpy as np
+
+from arbor_train.runtime import ArborMemory, Localization, TokenCounter
+from arbor_train.runtime.store import fts_query
+
+
+@dataclass
+class ReadResult:
+    text: str
+    tokens: int
+    turn_ids: list[int] = field(default_factory=list)      # turn indices whose raw text is in the context
+    selected_turn: int | None = None                        # the state a localizing method chose
+    route: str | None = None
+
+
+class Method:
+    name = "method"
+
+    def observe(self, turn: int, user: str, assistant: str, ts: str | None, is_question: bool) -> dict:
+        raise NotImplementedError
+
+    def read(self, question: str, now: str | None, budget: int) -> ReadResult:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def _pack(counter: TokenCounter, header: str, items: list[tuple[int, str]], budget: int) -> ReadResult:
+    """Greedy packing of (turn, text) items in the given order; output in chronological order."""
+    used = counter.count(header)
+    kept: list[tuple[int, str]] = []
+    for turn, text in items:
+        n = counter.count(text) + 1
+        if used + n > budget:
+            continue
+        kept.append((turn, text))
+        used += n
+    kept.sort()
+    return ReadResult(header + "\n" + "\n".join(t for _, t in kept), used, [t for t, _ in kept])
+
+
+class ArborMemoryMethod(Method):
+    def __init__(self, runtime_cfg: dict, components: dict, session_id: str):
+        self.name = "arbormem"
+        self.mem = ArborMemory.open(":memory:", session_id, runtime_cfg, components=components)
+        self.turn_of: dict[int, int] = {}
+        self._pending: Localization | None = None
+
+    def observe(self, turn, user, assistant, ts, is_question) -> dict:
+        loc = self._pending if (is_question and self._pending is not None) else self.mem.localize(user)
+        self._pending = None
+        node = self.mem.commit(user, assistant, loc, ts)
+        self.turn_of[node.id] = turn
+        return {"parent_turn": self.turn_of.get(loc.parent_id) if loc.parent_id is not None else None,
+                "route": loc.route}
+
+    def read(self, question, now, budget) -> ReadResult:
+        loc, ctx = self.mem.read(question, now=now, budget=budget)
+        self._pending = loc  # the question turn is committed where the question was localized
+        turns = sorted({self.turn_of[i] for i in ctx.node_ids if i in self.turn_of})
+        sel = self.turn_of.get(loc.parent_id) if loc.parent_id is not None else None
+        return ReadResult(ctx.text, ctx.tokens, turns, sel, loc.route)
+
+    def close(self) -> None:
+        self.mem.store.close()
+
+
+class _TurnStore(Method):
+    """Shared state of the flat baselines: the committed turns, in order."""
+
+    def __init__(self, counter: TokenCounter):
+        self.counter = counter
+        self.turns: list[tuple[int, str, str | None]] = []
+
+    def text(self, i: int) -> str:
+        turn, raw, ts = self.turns[i]
+        return f"[{ts}] {raw}" if ts else raw
+
+    def observe(self, turn, user, assistant, ts, is_question) -> dict:
+        self.turns.append((turn, f"User: {user}\nAssistant: {assistant}", ts))
+        return {"parent_turn": None, "route": None}
+
+
+class FullContextMethod(_TurnStore):
+    name = "full_context"
+
+    def read(self, question, now, budget) -> ReadResult:
+        items = [(self.turns[i][0], self.text(i)) for i in range(len(self.turns) - 1, -1, -1)]
+        used, kept = self.counter.count(f"Current time: {now}"), []
+        for turn, text in items:  # most recent first, stop at the first turn that does not fit
+            n = self.counter.count(text) + 1
+            if used + n > budget:
+                break
+            kept.append((turn, text))
+            used += n
+        kept.sort()
+        return ReadResult(f"Current time: {now}\n" + "\n".join(t for _, t in kept), used, [t for t, _ in kept])
+
+
+class BM25Method(_TurnStore):
+    name = "bm25"
+
+    def __init__(self, counter: TokenCounter, prefilter: float = 2.0):
+        super().__init__(counter)
+        self.db = sqlite3.connect(":memory:")
+        self.db.execute("CREATE VIRTUAL TABLE t USING fts5(lex, tokenize='porter unicode61')")
+        self.prefilter = prefilter
+
+    def observe(self, turn, user, assistant, ts, is_question) -> dict:
+        out = super().observe(turn, user, assistant, ts, is_question)
+        self.db.execute("INSERT INTO t(rowid, lex) VALUES(?, ?)", (len(self.turns) - 1, f"{user} {assistant}"))
+        return out
+
+    def read(self, question, now, budget) -> ReadResult:
+        q = fts_query(question)
+        rows = [] if not q else self.db.execute(
+            "SELECT rowid FROM t WHERE t MATCH ? ORDER BY bm25(t) LIMIT 200", (q,)).fetchall()
+        items, used = [], 0
+        for (i,) in rows:  # prefilter up to `prefilter` x budget, then pack by score
+            text = self.text(i)
+            used += self.counter.count(text)
+            items.append((self.turns[i][0], text))
+            if used > self.prefilter * budget:
+                break
+        return _pack(self.counter, f"Current time: {now}", items, budget)
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class DenseMethod(_TurnStore):
+    name = "dense"
+
+    def __init__(self, counter: TokenCounter, embedder, prefilter: float = 2.0):
+        super().__init__(counter)
+        self.embedder, self.prefilter = embedder, prefilter
+        self.vecs: list[np.ndarray] = []
+
+    def observe(self, turn, user, assistant, ts, is_question) -> dict:
+        out = super().observe(turn, user, assistant, ts, is_question)
+        self.vecs.append(self.embedder.encode([f"{user}\n{assistant}"])[0])
+        return out
+
+    def read(self, question, now, budget) -> ReadResult:
+        if not self.vecs:
+            return _pack(self.counter, f"Current time: {now}", [], budget)
+        q = self.embedder.encode([question])[0]
+        sims = np.stack(self.vecs) @ q
+        items, used = [], 0
+        for i in np.argsort(-sims):
+            text = self.text(int(i))
+            used += self.counter.count(text)
+            items.append((self.turns[int(i)][0], text))
+            if used > self.prefilter * budget:
+                break
+        return _pack(self.counter, f"Current time: {now}", items, budget)
+
+
+class FactStoreMethod(Method):
+    """Extraction + retrieval of atomic facts only: the runtime's extractors write facts, BM25 reads them."""
+
+    name = "fact_store"
+
+    def __init__(self, runtime_cfg: dict, components: dict, session_id: str, counter: TokenCounter):
+        self.mem = ArborMemory.open(":memory:", session_id, runtime_cfg, components=components)
+        self.counter = counter
+        self.turn_of: dict[int, int] = {}
+
+    def observe(self, turn, user, assistant, ts, is_question) -> dict:
+        node = self.mem.commit(user, assistant, Localization(None, "flat", 1.0), ts)  # no forest: every turn a root
+        self.turn_of[node.id] = turn
+        return {"parent_turn": None, "route": None}
+
+    def read(self, question, now, budget) -> ReadResult:
+        hits = self.mem.store.search_facts(self.mem.conv, question, 64)
+        items = [(self.turn_of.get(f.sources[-1], -1), f"[{f.timestamps[-1]}] {f.text}") for f, _ in hits]
+        return _pack(self.counter, f"Current time: {now}", items, budget)
+
+    def close(self) -> None:
+        self.mem.store.close()
+
+
+def build_method(name: str, runtime_cfg: dict, components: dict, session_id: str, counter: TokenCounter,
+                 prefilter: float) -> Method:
+    if name == "arbormem":
+        return ArborMemoryMethod(runtime_cfg, components, session_id)
+    if name == "full_context":
+        return FullContextMethod(counter)
+    if name == "bm25":
+        return BM25Method(counter, prefilter)
+    if name == "dense":
+        return DenseMethod(counter, components["embedder"], prefilter)
+    if name == "fact_store":
+        return FactStoreMethod(runtime_cfg, components, session_id, counter)
+    raise ValueError(f"option method must be one of arbormem, full_context, bm25, dense, fact_store; got {name!r}")
+
+
+METHODS = ("arbormem", "full_context", "bm25", "dense", "fact_store")
+

@@ -1,0 +1,163 @@
+"""python -m eval.run benchmark=branchmem method=<arbormem|full_context|bm25|dense|fact_store> [overrides]
+
+BranchMemEval protocol: replay each session in order; at a question, freeze the committed prefix,
+read the context through the method, answer with the shared answer model, score by normalized
+rule-based match; the canonical response (not the prediction) continues the replay.
+
+Answer-model-independent metrics are reported for every run: gold-in-context and confounder-in-context
+rates, state-localization accuracy (the selected state lies on the gold branch) at questions and at
+every turn, and context tokens. `run(cfg) -> dict` is the importable function.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from arbor_train.paths import CONF_DIR
+
+ANSWER_SYSTEM = ("Answer the question from the memory context. Computed values and UpdateEvidence come first; "
+                 "for 'previous' questions give the old value, otherwise the current one. Reply with the answer only.")
+
+
+def build_answer_model(cfg: dict):
+    """None (no generation: answer-independent metrics only), or an LLM backend (hf | openai)."""
+    if cfg["kind"] == "none":
+        return None
+    from arbor_train.runtime.llm import build_llm
+
+    return build_llm(cfg["llm"])
+
+
+def answer(llm, context: str, question: str, max_new_tokens: int) -> str:
+    msgs = [{"role": "system", "content": ANSWER_SYSTEM},
+            {"role": "user", "content": f"{context}\n\nQuestion: {question}\nAnswer:"}]
+    return llm.chat([msgs], max_new_tokens=max_new_tokens)[0]
+
+
+def replay_session(sess: dict, method, llm, budget: int, max_new_tokens: int) -> tuple[list[dict], list[dict]]:
+    from eval.scoring import answer_correct, context_flags, error_category
+
+    branch = {t["index"]: t["branch"] for t in sess["turns"]}
+    qinfo = {q["turn"]: q for q in sess["questions"]}
+    qrecs, trecs = [], []
+    for t in sess["turns"]:
+        gold_parent = t["gold_parent"] if t["gold_parent"] >= 0 else None
+        if t["is_question"]:
+            q = qinfo[t["index"]]
+            t0 = time.perf_counter()
+            r = method.read(t["user"], t["timestamp"], budget)
+            read_s = time.perf_counter() - t0
+            flags = context_flags(r.text, q["gold"], q["confounder"])
+            pred = answer(llm, r.text, t["user"], max_new_tokens) if llm is not None else None
+            rec = {"session_id": sess["session_id"], "turn": t["index"], "question_type": q["type"],
+                   "dimension": q["dimension"], "gold": q["gold"], "confounder": q["confounder"],
+                   "context_tokens": r.tokens, "read_s": read_s, **flags,
+                   "localization_correct": (None if r.selected_turn is None and method.name != "arbormem"
+                                            else r.selected_turn is not None and branch.get(r.selected_turn) == q["branch"]),
+                   "prediction": pred}
+            if pred is not None:
+                rec["correct"] = answer_correct(pred, q["gold"], q["confounder"])
+                rec["error"] = error_category(pred, q["gold"], q["confounder"], r.text)
+            qrecs.append(rec)
+        obs = method.observe(t["index"], t["user"], t["assistant"], t["timestamp"], t["is_question"])
+        if method.name == "arbormem":
+            chosen = obs["parent_turn"]
+            ok = (chosen is None) if gold_parent is None else (chosen is not None and branch.get(chosen) == t["branch"])
+            trecs.append({"turn": t["index"], "route": obs["route"], "correct": ok, "gold_new_root": gold_parent is None})
+    return qrecs, trecs
+
+
+def summarize(qrecs: list[dict], trecs: list[dict]) -> dict[str, Any]:
+    from eval.scoring import aggregate
+
+    n = len(qrecs)
+    out: dict[str, Any] = {
+        "questions": n,
+        "gold_in_context": round(sum(r["gold_in_context"] for r in qrecs) / max(1, n), 4),
+        "confounder_in_context": round(sum(r["confounder_in_context"] for r in qrecs) / max(1, n), 4),
+        "context_tokens_mean": round(sum(r["context_tokens"] for r in qrecs) / max(1, n), 1),
+        "read_s_p50": round(sorted(r["read_s"] for r in qrecs)[n // 2], 5) if n else None,
+    }
+    loc = [r["localization_correct"] for r in qrecs if r["localization_correct"] is not None]
+    out["state_localization_at_questions"] = round(sum(loc) / len(loc), 4) if loc else None
+    if trecs:
+        out["state_localization_every_turn"] = round(sum(r["correct"] for r in trecs) / len(trecs), 4)
+        out["routes"] = dict(Counter(r["route"] for r in trecs))
+    if qrecs and "correct" in qrecs[0]:
+        agg = aggregate(qrecs, ["dimension", "question_type"])
+        out["accuracy"] = agg["accuracy"]
+        out["accuracy_by_dimension"] = {k: v["accuracy"] for k, v in agg["by"]["dimension"]["groups"].items()}
+        out["accuracy_by_type"] = {k: v["accuracy"] for k, v in agg["by"]["question_type"]["groups"].items()}
+        out["errors"] = agg["errors"]
+    return out
+
+
+def run(cfg: DictConfig) -> dict:
+    from arbor_train.runtime import TokenCounter, build_components, default_config
+    from data_gen.io import quiet
+
+    from .methods import METHODS, build_method
+
+    c = OmegaConf.to_container(cfg, resolve=True)
+    if c["method"] not in METHODS:
+        raise ValueError(f"option method must be one of {', '.join(METHODS)}; got {c['method']!r}")
+    if c["benchmark"] != "branchmem":
+        raise ValueError(f"option benchmark={c['benchmark']!r}: this harness runs branchmem so far "
+                         "(locomo, longmemeval and beam have loaders; their protocols are the next step)")
+    data = Path(c["data_dir"]) / "jsonl" / "sessions.jsonl"
+    if not data.exists():
+        raise FileNotFoundError(f"option data_dir={c['data_dir']!r}: {data} missing (python -m data_gen.branchmem)")
+    runtime_cfg = default_config(c["runtime_profile"], list(c["runtime_overrides"]))
+    for k, v in c["ablation"].items():
+        if k == "name":
+            continue
+        if k not in runtime_cfg["ablation"]:
+            raise ValueError(f"option ablation.{k} is not a runtime ablation switch ({sorted(runtime_cfg['ablation'])})")
+        runtime_cfg["ablation"][k] = v
+    counter = TokenCounter(runtime_cfg["context"]["tokenizer"])
+    fixed = counter.count("Current time: 2025-01-01T00:00") + 40
+    if c["budget"] <= fixed:
+        raise ValueError(f"option budget={c['budget']} is smaller than the fixed prompt ({fixed} tokens)")
+    llm = build_answer_model(c["answer_model"])
+    sessions = [json.loads(line) for line in data.open(encoding="utf-8")]
+    if c["max_sessions"]:
+        sessions = sessions[: c["max_sessions"]]
+    qrecs, trecs = [], []
+    t0 = time.perf_counter()
+    with quiet():
+        comps = build_components(runtime_cfg)
+        for s in sessions:
+            m = build_method(c["method"], runtime_cfg, comps, s["session_id"], counter, c["prefilter"])
+            q, t = replay_session(s, m, llm, c["budget"], c["answer_model"]["max_new_tokens"])
+            m.close()
+            qrecs += q
+            trecs += t
+    elapsed = time.perf_counter() - t0
+    res = {"method": c["method"], "ablation": c["ablation"]["name"], "budget": c["budget"],
+           "runtime_profile": c["runtime_profile"], "answer_model": c["answer_model"]["kind"],
+           "sessions": len(sessions), "seconds": round(elapsed, 2),
+           "questions_per_hour": round(len(qrecs) / max(elapsed, 1e-9) * 3600, 1), **summarize(qrecs, trecs)}
+    out = Path(c["run_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"results": res, "config": c}, indent=2, sort_keys=True, default=str))
+    with open(out / "questions.jsonl", "w", encoding="utf-8") as f:
+        for r in qrecs:
+            f.write(json.dumps(r, sort_keys=True, default=str) + "\n")
+    print(json.dumps(res, sort_keys=True, default=str))
+    return res
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="eval", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()
