@@ -66,11 +66,14 @@ def replay_session(sess: dict, method, llm, budget: int, max_new_tokens: int) ->
                 rec["correct"] = answer_correct(pred, q["gold"], q["confounder"])
                 rec["error"] = error_category(pred, q["gold"], q["confounder"], r.text)
             qrecs.append(rec)
+        t0 = time.perf_counter()
         obs = method.observe(t["index"], t["user"], t["assistant"], t["timestamp"], t["is_question"])
+        ingest_s = time.perf_counter() - t0
+        trecs.append({"ingest_s": ingest_s})
         if method.name == "arbormem":
             chosen = obs["parent_turn"]
             ok = (chosen is None) if gold_parent is None else (chosen is not None and branch.get(chosen) == t["branch"])
-            trecs.append({"turn": t["index"], "route": obs["route"], "correct": ok, "gold_new_root": gold_parent is None})
+            trecs[-1].update({"turn": t["index"], "route": obs["route"], "correct": ok, "gold_new_root": gold_parent is None})
     return qrecs, trecs
 
 
@@ -84,12 +87,15 @@ def summarize(qrecs: list[dict], trecs: list[dict]) -> dict[str, Any]:
         "confounder_in_context": round(sum(r["confounder_in_context"] for r in qrecs) / max(1, n), 4),
         "context_tokens_mean": round(sum(r["context_tokens"] for r in qrecs) / max(1, n), 1),
         "read_s_p50": round(sorted(r["read_s"] for r in qrecs)[n // 2], 5) if n else None,
+        "read_s_p95": round(sorted(r["read_s"] for r in qrecs)[min(n - 1, int(0.95 * n))], 5) if n else None,
+        "ingest_s_per_turn": round(sum(r["ingest_s"] for r in trecs) / len(trecs), 5) if trecs else None,
     }
+    routed = [r for r in trecs if "correct" in r]
     loc = [r["localization_correct"] for r in qrecs if r["localization_correct"] is not None]
     out["state_localization_at_questions"] = round(sum(loc) / len(loc), 4) if loc else None
-    if trecs:
-        out["state_localization_every_turn"] = round(sum(r["correct"] for r in trecs) / len(trecs), 4)
-        out["routes"] = dict(Counter(r["route"] for r in trecs))
+    if routed:
+        out["state_localization_every_turn"] = round(sum(r["correct"] for r in routed) / len(routed), 4)
+        out["routes"] = dict(Counter(r["route"] for r in routed))
     if qrecs and "correct" in qrecs[0]:
         agg = aggregate(qrecs, ["dimension", "question_type"])
         out["accuracy"] = agg["accuracy"]
@@ -150,6 +156,9 @@ def run(cfg: DictConfig) -> dict:
     with open(out / "questions.jsonl", "w", encoding="utf-8") as f:
         for r in qrecs:
             f.write(json.dumps(r, sort_keys=True, default=str) + "\n")
+    from .report import table
+
+    (out / "table.md").write_text(table([dict(res, run=str(out))]))
     print(json.dumps(res, sort_keys=True, default=str))
     return res
 

@@ -54,3 +54,21 @@ def test_ablation_removes_the_forest(smoke, tmp_path):
 def test_bad_options_fail_before_work(smoke, tmp_path, overrides, msg):
     with pytest.raises(ValueError, match=msg):
         run(ecfg(smoke, tmp_path, *overrides))
+
+
+def test_report_merges_runs_into_a_table_and_plots(smoke, tmp_path):
+    from eval.report import report
+
+    for b in (256, 512):
+        for m in ("arbormem", "bm25"):
+            run(ecfg(smoke, tmp_path / "runs" / f"{m}-{b}", f"method={m}", f"budget={b}"))
+    run(ecfg(smoke, tmp_path / "runs" / "abl", "ablation=routing", "budget=512"))
+    res = report([tmp_path / "runs"], tmp_path / "rep")
+    assert len(res["rows"]) == 5 and "| arbormem |" in res["table"] and "no_routing" in res["table"]
+    names = {p.split("/")[-1] for p in res["plots"]}
+    assert {"budget_curve.png", "ablation_bars.png"} <= names
+    for p in res["plots"]:
+        assert open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "rep" / "table.md").read_text() == res["table"]
+    with pytest.raises(FileNotFoundError, match="no results.json"):
+        report([tmp_path / "nothing"], tmp_path / "rep2")

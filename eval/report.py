@@ -1,0 +1,143 @@
+"""python -m eval.report <run dir or multirun dir> [...] [--out DIR]
+
+Merges the results.json of evaluation runs (a Hydra multirun folder is searched recursively) into one
+markdown table and PNG plots: accuracy or gold-in-context against the read budget per method, ablation
+bars, and error categories. Every row names the run folder it came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+COLUMNS = ("method", "runtime_profile", "ablation", "budget", "questions", "accuracy", "gold_in_context",
+           "confounder_in_context", "state_localization_at_questions", "state_localization_every_turn",
+           "context_tokens_mean", "ingest_s_per_turn", "read_s_p50", "read_s_p95", "questions_per_hour")
+
+
+def collect(paths: list[str | Path]) -> list[dict]:
+    rows = []
+    for p in paths:
+        p = Path(p)
+        files = [p] if p.is_file() else sorted(p.rglob("results.json"))
+        if not files:
+            raise FileNotFoundError(f"{p}: no results.json found")
+        for f in files:
+            r = json.loads(f.read_text())["results"]
+            r["run"] = str(f.parent)
+            rows.append(r)
+    return rows
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def table(rows: list[dict]) -> str:
+    cols = [c for c in COLUMNS if any(r.get(c) is not None for r in rows)] + ["run"]
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in sorted(rows, key=lambda r: (r.get("method", ""), r.get("ablation", ""), r.get("budget", 0))):
+        out.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
+    return "\n".join(out) + "\n"
+
+
+def plots(rows: list[dict], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    metric = "accuracy" if all(r.get("accuracy") is not None for r in rows) else "gold_in_context"
+    by_method: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for r in rows:
+        if r.get("ablation", "full") == "full":
+            label = r["method"] if r.get("runtime_profile", "default") == "default" or r["method"] != "arbormem" \
+                else f"arbormem ({r['runtime_profile']})"
+            by_method[label].append((r["budget"], r[metric]))
+    if any(len(v) > 1 for v in by_method.values()):
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for label, pts in sorted(by_method.items()):
+            pts.sort()
+            ax.plot([b for b, _ in pts], [m for _, m in pts], marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("read budget (tokens)")
+        ax.set_ylabel(metric.replace("_", " "))
+        ax.set_title(f"{metric.replace('_', ' ')} against the read budget")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "budget_curve.png", dpi=120)
+        plt.close(fig)
+        written.append(out / "budget_curve.png")
+    # ablation bars: the arbormem runs at the budget the ablations were run with, one bar per ablation
+    removed = [r for r in rows if r["method"] == "arbormem" and r.get("ablation", "full") != "full"]
+    budget = max({r["budget"] for r in removed}, key=lambda b: sum(r["budget"] == b for r in removed)) if removed else None
+    by_abl = {r.get("ablation"): r for r in rows if r["method"] == "arbormem" and r["budget"] == budget
+              and r.get("runtime_profile", "default") == (removed[0].get("runtime_profile", "default") if removed else None)}
+    abl = sorted(by_abl.values(), key=lambda r: (r.get("ablation") != "full", r.get("ablation")))
+    if len(abl) > 1:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        names = [r.get("ablation") for r in abl]
+        ax.bar(names, [r[metric] for r in abl], color=["#2b6cb0" if n == "full" else "#a0aec0" for n in names])
+        for i, r in enumerate(abl):
+            ax.text(i, r[metric] + 0.01, f"{r[metric]:.2f}", ha="center", fontsize=8)
+        ax.set_ylabel(metric.replace("_", " "))
+        ax.set_ylim(0, 1.08)
+        ax.set_title(f"ablations at a {budget}-token budget: one component removed at a time")
+        plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
+        fig.tight_layout()
+        fig.savefig(out / "ablation_bars.png", dpi=120)
+        plt.close(fig)
+        written.append(out / "ablation_bars.png")
+    err = [r for r in rows if r.get("errors")]
+    if err:
+        cats = sorted({k for r in err for k in r["errors"]})
+        fig, ax = plt.subplots(figsize=(7, 4))
+        bottom = [0.0] * len(err)
+        labels = [f"{r['method']}/{r.get('ablation')}/{r.get('budget')}" for r in err]
+        for c in cats:
+            vals = [r["errors"].get(c, 0) for r in err]
+            ax.bar(labels, vals, bottom=bottom, label=c)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.set_ylabel("questions")
+        ax.set_title("error categories")
+        ax.legend(fontsize=8)
+        plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
+        fig.tight_layout()
+        fig.savefig(out / "error_categories.png", dpi=120)
+        plt.close(fig)
+        written.append(out / "error_categories.png")
+    return written
+
+
+def report(paths: list[str | Path], out: str | Path) -> dict:
+    rows = collect(paths)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    md = table(rows)
+    (out / "table.md").write_text(md)
+    (out / "merged.json").write_text(json.dumps(rows, indent=2, sort_keys=True, default=str))
+    pics = plots(rows, out)
+    print(md)
+    for p in pics:
+        print(f"wrote {p}")
+    return {"rows": rows, "table": md, "plots": [str(p) for p in pics]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", help="run folders, multirun folders or results.json files")
+    ap.add_argument("--out", default="outputs/reports/latest", help="folder for table.md, merged.json and plots")
+    a = ap.parse_args()
+    report(a.runs, a.out)
+
+
+if __name__ == "__main__":
+    main()
