@@ -12,9 +12,9 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-COLUMNS = ("method", "runtime_profile", "ablation", "budget", "questions", "accuracy", "gold_in_context",
+COLUMNS = ("benchmark", "method", "runtime_profile", "ablation", "budget", "questions", "accuracy", "gold_in_context",
            "confounder_in_context", "state_localization_at_questions", "state_localization_every_turn",
-           "context_tokens_mean", "ingest_s_per_turn", "read_s_p50", "read_s_p95", "questions_per_hour")
+           "evidence_recall", "f1", "context_tokens_mean", "ingest_s_per_turn", "read_s_p50", "read_s_p95", "questions_per_hour")
 
 
 def collect(paths: list[str | Path]) -> list[dict]:

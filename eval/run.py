@@ -77,6 +77,52 @@ def replay_session(sess: dict, method, llm, budget: int, max_new_tokens: int) ->
     return qrecs, trecs
 
 
+def replay_locomo(conv, method, llm, budget: int, categories: list[int], max_new_tokens: int) -> list[dict]:
+    """LoCoMo protocol: the memory is built once per conversation (every interaction, in order), then
+    each question of the chosen categories is read against the finished memory."""
+    from eval.benchmarks.schema import interactions
+    from eval.scoring import locomo_score
+
+    inters = interactions(conv)
+    idx_of = {tid: i for i, it in enumerate(inters) for tid in it.turn_ids}
+    for i, it in enumerate(inters):
+        method.observe(i, it.user, it.assistant, it.timestamp, False)
+    last_date = conv.sessions[-1].date_time if conv.sessions else None
+    recs = []
+    for q in conv.questions:
+        if int(q.category) not in categories:
+            continue
+        t0 = time.perf_counter()
+        r = method.read(q.question, last_date, budget)
+        read_s = time.perf_counter() - t0
+        ev = {idx_of[e] for e in q.evidence if e in idx_of}
+        rec = {"session_id": conv.conversation_id, "question_id": q.question_id, "category": q.category,
+               "context_tokens": r.tokens, "read_s": read_s,
+               "evidence_recall": (len(ev & set(r.turn_ids)) / len(ev)) if ev else None}
+        if llm is not None:
+            pred = answer(llm, r.text, q.question, max_new_tokens)
+            rec["prediction"] = pred
+            rec["score"] = locomo_score(pred, q.answer if q.answer is not None else "", int(q.category))
+        recs.append(rec)
+    return recs
+
+
+def summarize_locomo(recs: list[dict]) -> dict[str, Any]:
+    from eval.scoring import aggregate
+
+    ev = [r["evidence_recall"] for r in recs if r["evidence_recall"] is not None]
+    out: dict[str, Any] = {"questions": len(recs), "evidence_recall": round(sum(ev) / len(ev), 4) if ev else None,
+                           "context_tokens_mean": round(sum(r["context_tokens"] for r in recs) / max(1, len(recs)), 1)}
+    rs = sorted(r["read_s"] for r in recs)
+    out["read_s_p50"] = round(rs[len(rs) // 2], 5) if rs else None
+    out["read_s_p95"] = round(rs[min(len(rs) - 1, int(0.95 * len(rs)))], 5) if rs else None
+    if recs and "score" in recs[0]:
+        agg = aggregate(recs, ["category"])
+        out["f1"] = agg["accuracy"]
+        out["f1_by_category"] = {k: v["accuracy"] for k, v in agg["by"]["category"]["groups"].items()}
+    return out
+
+
 def summarize(qrecs: list[dict], trecs: list[dict]) -> dict[str, Any]:
     from eval.scoring import aggregate
 
@@ -114,11 +160,11 @@ def run(cfg: DictConfig) -> dict:
     c = OmegaConf.to_container(cfg, resolve=True)
     if c["method"] not in METHODS:
         raise ValueError(f"option method must be one of {', '.join(METHODS)}; got {c['method']!r}")
-    if c["benchmark"] != "branchmem":
-        raise ValueError(f"option benchmark={c['benchmark']!r}: this harness runs branchmem so far "
-                         "(locomo, longmemeval and beam have loaders; their protocols are the next step)")
+    if c["benchmark"] not in ("branchmem", "locomo"):
+        raise ValueError(f"option benchmark={c['benchmark']!r}: this harness runs branchmem and locomo so far "
+                         "(longmemeval and beam have loaders; their protocols are the next step)")
     data = Path(c["data_dir"]) / "jsonl" / "sessions.jsonl"
-    if not data.exists():
+    if c["benchmark"] == "branchmem" and not data.exists():
         raise FileNotFoundError(f"option data_dir={c['data_dir']!r}: {data} missing (python -m data_gen.branchmem)")
     runtime_cfg = default_config(c["runtime_profile"], list(c["runtime_overrides"]))
     for k, v in c["ablation"].items():
@@ -132,24 +178,35 @@ def run(cfg: DictConfig) -> dict:
     if c["budget"] <= fixed:
         raise ValueError(f"option budget={c['budget']} is smaller than the fixed prompt ({fixed} tokens)")
     llm = build_answer_model(c["answer_model"])
-    sessions = [json.loads(line) for line in data.open(encoding="utf-8")]
-    if c["max_sessions"]:
-        sessions = sessions[: c["max_sessions"]]
     qrecs, trecs = [], []
     t0 = time.perf_counter()
     with quiet():
         comps = build_components(runtime_cfg)
-        for s in sessions:
-            m = build_method(c["method"], runtime_cfg, comps, s["session_id"], counter, c["prefilter"])
-            q, t = replay_session(s, m, llm, c["budget"], c["answer_model"]["max_new_tokens"])
-            m.close()
-            qrecs += q
-            trecs += t
+        if c["benchmark"] == "locomo":
+            from eval.benchmarks.locomo import load_locomo
+
+            convs = load_locomo(c["locomo"]["input"])[: c["max_sessions"] or None]
+            for conv in convs:
+                m = build_method(c["method"], runtime_cfg, comps, conv.conversation_id, counter, c["prefilter"])
+                qrecs += replay_locomo(conv, m, llm, c["budget"], list(c["locomo"]["categories"]),
+                                       c["answer_model"]["max_new_tokens"])
+                m.close()
+            n_units = len(convs)
+        else:
+            sessions = [json.loads(line) for line in data.open(encoding="utf-8")][: c["max_sessions"] or None]
+            for s in sessions:
+                m = build_method(c["method"], runtime_cfg, comps, s["session_id"], counter, c["prefilter"])
+                q, t = replay_session(s, m, llm, c["budget"], c["answer_model"]["max_new_tokens"])
+                m.close()
+                qrecs += q
+                trecs += t
+            n_units = len(sessions)
     elapsed = time.perf_counter() - t0
-    res = {"method": c["method"], "ablation": c["ablation"]["name"], "budget": c["budget"],
+    summary = summarize_locomo(qrecs) if c["benchmark"] == "locomo" else summarize(qrecs, trecs)
+    res = {"benchmark": c["benchmark"], "method": c["method"], "ablation": c["ablation"]["name"], "budget": c["budget"],
            "runtime_profile": c["runtime_profile"], "answer_model": c["answer_model"]["kind"],
-           "sessions": len(sessions), "seconds": round(elapsed, 2),
-           "questions_per_hour": round(len(qrecs) / max(elapsed, 1e-9) * 3600, 1), **summarize(qrecs, trecs)}
+           "sessions": n_units, "seconds": round(elapsed, 2),
+           "questions_per_hour": round(len(qrecs) / max(elapsed, 1e-9) * 3600, 1), **summary}
     out = Path(c["run_dir"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({"results": res, "config": c}, indent=2, sort_keys=True, default=str))

@@ -72,3 +72,16 @@ def test_report_merges_runs_into_a_table_and_plots(smoke, tmp_path):
     assert (tmp_path / "rep" / "table.md").read_text() == res["table"]
     with pytest.raises(FileNotFoundError, match="no results.json"):
         report([tmp_path / "nothing"], tmp_path / "rep2")
+
+
+def test_locomo_protocol_builds_memory_once_and_reads_evidence(smoke, tmp_path):
+    from arbor_train.paths import REPO_ROOT
+
+    locomo = REPO_ROOT.parent / "shared" / "data" / "locomo"
+    if not locomo.exists():
+        pytest.skip("../shared/data/locomo is not beside the repository")
+    res = run(ecfg(smoke, tmp_path, "benchmark=locomo", f"locomo.input={locomo}", "max_sessions=1", "method=bm25"))
+    qs = [json.loads(l) for l in (tmp_path / "questions.jsonl").open()]
+    assert res["sessions"] == 1 and res["questions"] == len(qs) == 152  # conversation 26: 199 questions, 47 of category 5
+    assert {q["category"] for q in qs} == {"1", "2", "3", "4"}
+    assert 0 < res["evidence_recall"] <= 1 and all(q["context_tokens"] <= 2048 for q in qs)
