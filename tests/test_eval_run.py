@@ -47,7 +47,7 @@ def test_ablation_removes_the_forest(smoke, tmp_path):
 
 
 @pytest.mark.parametrize("overrides, msg", [
-    (["benchmark=locomo"], "benchmark='locomo'"),
+    (["benchmark=beam"], "benchmark='beam'"),
     (["method=magic"], "option method"),
     (["budget=10"], "smaller than the fixed prompt"),
 ])
