@@ -213,11 +213,30 @@ def run(cfg: DictConfig) -> dict:
     with open(out / "questions.jsonl", "w", encoding="utf-8") as f:
         for r in qrecs:
             f.write(json.dumps(r, sort_keys=True, default=str) + "\n")
-    from .report import table
+    from .report import plots, table
 
     (out / "table.md").write_text(table([dict(res, run=str(out))]))
+    if c["wandb"]["enabled"]:
+        log_wandb(c, res, out, plots([dict(res, run=str(out))], out))
     print(json.dumps(res, sort_keys=True, default=str))
     return res
+
+
+def log_wandb(c: dict, res: dict, out: Path, pictures: list[Path]) -> None:
+    """Results, the table and plots as a W&B run (offline unless WANDB_MODE=online)."""
+    import os
+
+    import wandb
+
+    run = wandb.init(project=c["wandb"]["project"], job_type="eval", dir=str(out),
+                     mode=os.environ.get("WANDB_MODE", c["wandb"]["mode"]),
+                     name=f"{c['benchmark']}-{c['method']}-{c['ablation']['name']}-{c['budget']}", config=c)
+    run.log({k: v for k, v in res.items() if isinstance(v, (int, float)) and v is not None})
+    run.log({"results_table": wandb.Table(columns=["key", "value"], data=[[k, json.dumps(v, default=str)]
+                                                                          for k, v in sorted(res.items())])})
+    for p in pictures:
+        run.log({p.stem: wandb.Image(str(p))})
+    run.finish()
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="eval", version_base="1.3")

@@ -21,7 +21,8 @@ def smoke(tmp_path_factory):
 
 def ecfg(data, run_dir, *o):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="eval", overrides=[f"data_dir={data}", f"run_dir={run_dir}", *o])
+        return compose(config_name="eval", overrides=[f"data_dir={data}", f"run_dir={run_dir}", "wandb.enabled=false",
+                                                      *o])
 
 
 @pytest.mark.parametrize("method", ["arbormem", "full_context", "bm25", "dense", "fact_store"])
@@ -85,3 +86,10 @@ def test_locomo_protocol_builds_memory_once_and_reads_evidence(smoke, tmp_path):
     assert res["sessions"] == 1 and res["questions"] == len(qs) == 152  # conversation 26: 199 questions, 47 of category 5
     assert {q["category"] for q in qs} == {"1", "2", "3", "4"}
     assert 0 < res["evidence_recall"] <= 1 and all(q["context_tokens"] <= 2048 for q in qs)
+
+
+def test_results_are_logged_to_an_offline_wandb_run(smoke, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run(ecfg(smoke, tmp_path, "wandb.enabled=true", "max_sessions=1"))
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].rglob("*.wandb"))
