@@ -77,6 +77,12 @@ def replay_session(sess: dict, method, llm, budget: int, max_new_tokens: int) ->
     return qrecs, trecs
 
 
+def _pct(values: list[float], q: float) -> float | None:
+    """The q-quantile (nearest rank) of values, rounded; None when empty."""
+    v = sorted(values)
+    return round(v[min(len(v) - 1, int(q * len(v)))], 5) if v else None
+
+
 def replay_locomo(conv, method, llm, budget: int, categories: list[int], max_new_tokens: int) -> list[dict]:
     """LoCoMo protocol: the memory is built once per conversation (every interaction, in order), then
     each question of the chosen categories is read against the finished memory."""
@@ -113,9 +119,8 @@ def summarize_locomo(recs: list[dict]) -> dict[str, Any]:
     ev = [r["evidence_recall"] for r in recs if r["evidence_recall"] is not None]
     out: dict[str, Any] = {"questions": len(recs), "evidence_recall": round(sum(ev) / len(ev), 4) if ev else None,
                            "context_tokens_mean": round(sum(r["context_tokens"] for r in recs) / max(1, len(recs)), 1)}
-    rs = sorted(r["read_s"] for r in recs)
-    out["read_s_p50"] = round(rs[len(rs) // 2], 5) if rs else None
-    out["read_s_p95"] = round(rs[min(len(rs) - 1, int(0.95 * len(rs)))], 5) if rs else None
+    out["read_s_p50"] = _pct([r["read_s"] for r in recs], 0.5)
+    out["read_s_p95"] = _pct([r["read_s"] for r in recs], 0.95)
     if recs and "score" in recs[0]:
         agg = aggregate(recs, ["category"])
         out["f1"] = agg["accuracy"]
@@ -132,8 +137,8 @@ def summarize(qrecs: list[dict], trecs: list[dict]) -> dict[str, Any]:
         "gold_in_context": round(sum(r["gold_in_context"] for r in qrecs) / max(1, n), 4),
         "confounder_in_context": round(sum(r["confounder_in_context"] for r in qrecs) / max(1, n), 4),
         "context_tokens_mean": round(sum(r["context_tokens"] for r in qrecs) / max(1, n), 1),
-        "read_s_p50": round(sorted(r["read_s"] for r in qrecs)[n // 2], 5) if n else None,
-        "read_s_p95": round(sorted(r["read_s"] for r in qrecs)[min(n - 1, int(0.95 * n))], 5) if n else None,
+        "read_s_p50": _pct([r["read_s"] for r in qrecs], 0.5),
+        "read_s_p95": _pct([r["read_s"] for r in qrecs], 0.95),
         "ingest_s_per_turn": round(sum(r["ingest_s"] for r in trecs) / len(trecs), 5) if trecs else None,
     }
     routed = [r for r in trecs if "correct" in r]
