@@ -113,6 +113,59 @@ def replay_locomo(conv, method, llm, budget: int, categories: list[int], max_new
     return recs
 
 
+def replay_longmemeval(conv, method, llm, judge, budget: int, max_new_tokens: int) -> dict:
+    """LongMemEval protocol: each question has its own haystack, so the memory is built per question;
+    retrieval is judged at turn and session level on the evidence (has_answer) turns the context holds,
+    answers by the pluggable judge when one is configured."""
+    from eval.benchmarks.schema import interactions
+
+    inters = interactions(conv)
+    idx_of = {tid: i for i, it in enumerate(inters) for tid in it.turn_ids}
+    for i, it in enumerate(inters):
+        method.observe(i, it.user, it.assistant, it.timestamp, False)
+    q = conv.questions[0]
+    t0 = time.perf_counter()
+    r = method.read(q.question, q.question_date, budget)
+    read_s = time.perf_counter() - t0
+    ev = {idx_of[e] for e in q.evidence if e in idx_of}
+    got = set(r.turn_ids)
+    ev_sessions = {inters[i].session_id for i in ev}
+    got_sessions = {inters[i].session_id for i in got if 0 <= i < len(inters)}
+    rec = {"session_id": conv.conversation_id, "question_id": q.question_id, "question_type": q.category,
+           "abstention": bool(q.extra.get("abstention")), "context_tokens": r.tokens, "read_s": read_s,
+           "turn_recall_any": (bool(ev & got) if ev else None), "turn_recall_all": (ev <= got if ev else None),
+           "session_recall_any": (bool(ev_sessions & got_sessions) if ev_sessions else None),
+           "session_recall_all": (ev_sessions <= got_sessions if ev_sessions else None)}
+    if llm is not None:
+        pred = answer(llm, r.text, q.question, max_new_tokens)
+        rec["prediction"] = pred
+        if judge is not None:
+            rec["correct"] = judge.correct(q.category, q.question, q.answer or "", pred, rec["abstention"])
+    return rec
+
+
+def summarize_longmemeval(recs: list[dict]) -> dict[str, Any]:
+    from eval.scoring import aggregate
+
+    out: dict[str, Any] = {"questions": len(recs),
+                           "context_tokens_mean": round(sum(r["context_tokens"] for r in recs) / max(1, len(recs)), 1),
+                           "read_s_p50": _pct([r["read_s"] for r in recs], 0.5),
+                           "read_s_p95": _pct([r["read_s"] for r in recs], 0.95)}
+    for k in ("turn_recall_any", "turn_recall_all", "session_recall_any", "session_recall_all"):
+        v = [r[k] for r in recs if r[k] is not None and not r["abstention"]]  # abstention questions skipped
+        out[k] = round(sum(v) / len(v), 4) if v else None
+    judged = [r for r in recs if "correct" in r]
+    if judged:
+        agg = aggregate(judged, ["question_type"])
+        out["accuracy"] = agg["accuracy"]
+        by = {k: v["accuracy"] for k, v in agg["by"]["question_type"]["groups"].items()}
+        out["accuracy_by_type"] = by
+        out["task_averaged_accuracy"] = round(sum(by.values()) / len(by), 4)
+        ab = [r["correct"] for r in judged if r["abstention"]]
+        out["abstention_accuracy"] = round(sum(ab) / len(ab), 4) if ab else None
+    return out
+
+
 def summarize_locomo(recs: list[dict]) -> dict[str, Any]:
     from eval.scoring import aggregate
 
@@ -165,9 +218,9 @@ def run(cfg: DictConfig) -> dict:
     c = OmegaConf.to_container(cfg, resolve=True)
     if c["method"] not in METHODS:
         raise ValueError(f"option method must be one of {', '.join(METHODS)}; got {c['method']!r}")
-    if c["benchmark"] not in ("branchmem", "locomo"):
-        raise ValueError(f"option benchmark={c['benchmark']!r}: this harness runs branchmem and locomo so far "
-                         "(longmemeval and beam have loaders; their protocols are the next step)")
+    if c["benchmark"] not in ("branchmem", "locomo", "longmemeval"):
+        raise ValueError(f"option benchmark={c['benchmark']!r}: this harness runs branchmem, locomo and "
+                         "longmemeval so far (beam has a loader; its rubric-judged protocol is the next step)")
     data = Path(c["data_dir"]) / "jsonl" / "sessions.jsonl"
     if c["benchmark"] == "branchmem" and not data.exists():
         raise FileNotFoundError(f"option data_dir={c['data_dir']!r}: {data} missing (python -m data_gen.branchmem)")
@@ -183,6 +236,9 @@ def run(cfg: DictConfig) -> dict:
     if c["budget"] <= fixed:
         raise ValueError(f"option budget={c['budget']} is smaller than the fixed prompt ({fixed} tokens)")
     llm = build_answer_model(c["answer_model"])
+    from .judge import build_judge
+
+    judge = build_judge(c["judge"])
     qrecs, trecs = [], []
     t0 = time.perf_counter()
     with quiet():
@@ -197,6 +253,15 @@ def run(cfg: DictConfig) -> dict:
                                        c["answer_model"]["max_new_tokens"])
                 m.close()
             n_units = len(convs)
+        elif c["benchmark"] == "longmemeval":
+            from eval.benchmarks.longmemeval import load_longmemeval
+
+            convs = load_longmemeval(c["longmemeval"]["input"])[: c["max_sessions"] or None]
+            for conv in convs:
+                m = build_method(c["method"], runtime_cfg, comps, conv.conversation_id, counter, c["prefilter"])
+                qrecs.append(replay_longmemeval(conv, m, llm, judge, c["budget"], c["answer_model"]["max_new_tokens"]))
+                m.close()
+            n_units = len(convs)
         else:
             sessions = [json.loads(line) for line in data.open(encoding="utf-8")][: c["max_sessions"] or None]
             for s in sessions:
@@ -207,7 +272,8 @@ def run(cfg: DictConfig) -> dict:
                 trecs += t
             n_units = len(sessions)
     elapsed = time.perf_counter() - t0
-    summary = summarize_locomo(qrecs) if c["benchmark"] == "locomo" else summarize(qrecs, trecs)
+    summary = {"locomo": lambda: summarize_locomo(qrecs), "longmemeval": lambda: summarize_longmemeval(qrecs),
+               "branchmem": lambda: summarize(qrecs, trecs)}[c["benchmark"]]()
     res = {"benchmark": c["benchmark"], "method": c["method"], "ablation": c["ablation"]["name"], "budget": c["budget"],
            "runtime_profile": c["runtime_profile"], "answer_model": c["answer_model"]["kind"],
            "sessions": n_units, "seconds": round(elapsed, 2),

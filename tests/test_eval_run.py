@@ -93,3 +93,46 @@ def test_results_are_logged_to_an_offline_wandb_run(smoke, tmp_path, monkeypatch
     run(ecfg(smoke, tmp_path, "wandb.enabled=true", "max_sessions=1"))
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].rglob("*.wandb"))
+
+
+class FakeChat:
+    """A deterministic stand-in for an LLM backend: answers the last line's question from the context."""
+
+    name = "fake"
+
+    def __init__(self, reply):
+        self.reply = reply
+
+    def chat(self, conversations, max_new_tokens=32):
+        return [self.reply(c) for c in conversations]
+
+
+def test_longmemeval_protocol_with_a_pluggable_judge(smoke, tmp_path, monkeypatch):
+    from arbor_train.paths import REPO_ROOT
+    import eval.judge as J
+    import eval.run as R
+
+    fixture = REPO_ROOT / "tests" / "fixtures" / "benchmarks" / "longmemeval_s_tiny.json"
+    res = run(ecfg(smoke, tmp_path / "a", "benchmark=longmemeval", f"longmemeval.input={fixture}", "method=bm25"))
+    assert res["questions"] == 3 and res["turn_recall_any"] is not None and 0 <= res["session_recall_all"] <= 1
+    assert "accuracy" not in res  # no answer model, no judge: judge-free metrics only
+    # an answer model and a judge that says yes exactly when the reference answer is in the response
+    monkeypatch.setattr(R, "build_answer_model", lambda cfg: FakeChat(lambda c: c[-1]["content"].split("\n")[-3]))
+    monkeypatch.setattr(J, "build_judge", lambda cfg: J.Judge(FakeChat(
+        lambda c: "yes" if c[-1]["content"].split("Reference answer: ")[1].split("\n")[0].lower()
+        in c[-1]["content"].split("Model response: ")[1].lower() else "no")))
+    res = run(ecfg(smoke, tmp_path / "b", "benchmark=longmemeval", f"longmemeval.input={fixture}", "method=bm25"))
+    qs = [json.loads(l) for l in (tmp_path / "b" / "questions.jsonl").open()]
+    assert all("correct" in q for q in qs) and res["accuracy"] == sum(q["correct"] for q in qs) / 3
+    assert set(res["accuracy_by_type"]) == {q["question_type"] for q in qs}
+
+
+def test_judge_prompt_follows_the_type_rules():
+    from eval.judge import Judge, judge_messages
+
+    m = judge_messages("temporal-reasoning", "How many days?", "3 days", "4 days", False)[-1]["content"]
+    assert "off-by-one" in m
+    m = judge_messages("multi-session", "Q?", "x", "I cannot know", True)[-1]["content"]
+    assert "unanswerable" in m
+    assert Judge(FakeChat(lambda c: "Yes.")).correct("multi-session", "q", "a", "a") is True
+    assert Judge(FakeChat(lambda c: "no")).correct("multi-session", "q", "a", "b") is False
