@@ -46,3 +46,23 @@ def build_judge(cfg: dict) -> Judge | None:
     from arbor_train.runtime.llm import build_llm
 
     return Judge(build_llm(cfg["llm"]))
+
+
+def rubric_messages(question: str, response: str, item: str) -> list[dict]:
+    return [
+        {"role": "system", "content": "You grade answers against one rubric item. Reply with yes, partially or no."},
+        {"role": "user", "content": f"Question: {question}\nModel response: {response}\nRubric item: {item}\n"
+                                    "Does the response satisfy the rubric item? Answer yes, partially or no."},
+    ]
+
+
+def rubric_score(judge: Judge, question: str, response: str, rubric: list[str]) -> float | None:
+    """BEAM: each rubric item scores 1 / 0.5 / 0; the question scores their mean."""
+    if not rubric:
+        return None
+    outs = judge.llm.chat([rubric_messages(question, response, item) for item in rubric], max_new_tokens=4)
+    vals = []
+    for o in outs:
+        o = o.strip().lower()
+        vals.append(1.0 if o.startswith("yes") else 0.5 if o.startswith("partial") else 0.0)
+    return sum(vals) / len(vals)

@@ -166,6 +166,59 @@ def summarize_longmemeval(recs: list[dict]) -> dict[str, Any]:
     return out
 
 
+def replay_beam(conv, method, llm, judge, budget: int, max_new_tokens: int) -> list[dict]:
+    """BEAM protocol: memory built once per conversation, then its probing questions (10 abilities x 2).
+    Judge-free: evidence (source_chat_ids) in the context, and Kendall tau for event ordering; rubric
+    items are scored by the pluggable judge when one is configured."""
+    import ast
+
+    from eval.benchmarks.schema import interactions
+    from eval.scoring import kendall_tau_order
+
+    from .judge import rubric_score
+
+    inters = interactions(conv)
+    idx_of = {tid: i for i, it in enumerate(inters) for tid in it.turn_ids}
+    for i, it in enumerate(inters):
+        method.observe(i, it.user, it.assistant, it.timestamp, False)
+    now = conv.sessions[-1].date_time if conv.sessions else None
+    recs = []
+    for q in conv.questions:
+        r = method.read(q.question, now, budget)
+        ev = {idx_of[e] for e in q.evidence if e in idx_of}
+        rec = {"session_id": conv.conversation_id, "question_id": q.question_id, "ability": q.category,
+               "context_tokens": r.tokens, "evidence_recall": (len(ev & set(r.turn_ids)) / len(ev)) if ev else None}
+        if llm is not None:
+            pred = answer(llm, r.text, q.question, max_new_tokens)
+            rec["prediction"] = pred
+            order = q.extra.get("answer")
+            if q.category == "event_ordering" and isinstance(order, str):
+                try:
+                    order = ast.literal_eval(order)
+                except (ValueError, SyntaxError):
+                    order = None
+            if q.category == "event_ordering" and isinstance(order, list):
+                rec["score"] = kendall_tau_order(pred, [str(x) for x in order])
+            elif judge is not None:
+                rec["score"] = rubric_score(judge, q.question, pred, list(q.extra.get("rubric") or []))
+        recs.append(rec)
+    return recs
+
+
+def summarize_beam(recs: list[dict]) -> dict[str, Any]:
+    ev = [r["evidence_recall"] for r in recs if r["evidence_recall"] is not None]
+    out: dict[str, Any] = {"questions": len(recs), "evidence_recall": round(sum(ev) / len(ev), 4) if ev else None,
+                           "context_tokens_mean": round(sum(r["context_tokens"] for r in recs) / max(1, len(recs)), 1)}
+    scored = [r for r in recs if r.get("score") is not None]
+    if scored:
+        by: dict[str, list[float]] = {}
+        for r in scored:
+            by.setdefault(r["ability"], []).append(r["score"])
+        out["score_by_ability"] = {k: round(sum(v) / len(v), 4) for k, v in sorted(by.items())}
+        out["overall"] = round(sum(out["score_by_ability"].values()) / len(by), 4)  # mean of ability scores
+    return out
+
+
 def summarize_locomo(recs: list[dict]) -> dict[str, Any]:
     from eval.scoring import aggregate
 
@@ -218,9 +271,8 @@ def run(cfg: DictConfig) -> dict:
     c = OmegaConf.to_container(cfg, resolve=True)
     if c["method"] not in METHODS:
         raise ValueError(f"option method must be one of {', '.join(METHODS)}; got {c['method']!r}")
-    if c["benchmark"] not in ("branchmem", "locomo", "longmemeval"):
-        raise ValueError(f"option benchmark={c['benchmark']!r}: this harness runs branchmem, locomo and "
-                         "longmemeval so far (beam has a loader; its rubric-judged protocol is the next step)")
+    if c["benchmark"] not in ("branchmem", "locomo", "longmemeval", "beam"):
+        raise ValueError(f"option benchmark={c['benchmark']!r} is unknown; valid: branchmem, locomo, longmemeval, beam")
     data = Path(c["data_dir"]) / "jsonl" / "sessions.jsonl"
     if c["benchmark"] == "branchmem" and not data.exists():
         raise FileNotFoundError(f"option data_dir={c['data_dir']!r}: {data} missing (python -m data_gen.branchmem)")
@@ -262,6 +314,15 @@ def run(cfg: DictConfig) -> dict:
                 qrecs.append(replay_longmemeval(conv, m, llm, judge, c["budget"], c["answer_model"]["max_new_tokens"]))
                 m.close()
             n_units = len(convs)
+        elif c["benchmark"] == "beam":
+            from eval.benchmarks.beam import load_beam_dir
+
+            convs = load_beam_dir(c["beam"]["input"])[: c["max_sessions"] or None]
+            for conv in convs:
+                m = build_method(c["method"], runtime_cfg, comps, conv.conversation_id, counter, c["prefilter"])
+                qrecs += replay_beam(conv, m, llm, judge, c["budget"], c["answer_model"]["max_new_tokens"])
+                m.close()
+            n_units = len(convs)
         else:
             sessions = [json.loads(line) for line in data.open(encoding="utf-8")][: c["max_sessions"] or None]
             for s in sessions:
@@ -273,6 +334,7 @@ def run(cfg: DictConfig) -> dict:
             n_units = len(sessions)
     elapsed = time.perf_counter() - t0
     summary = {"locomo": lambda: summarize_locomo(qrecs), "longmemeval": lambda: summarize_longmemeval(qrecs),
+               "beam": lambda: summarize_beam(qrecs),
                "branchmem": lambda: summarize(qrecs, trecs)}[c["benchmark"]]()
     res = {"benchmark": c["benchmark"], "method": c["method"], "ablation": c["ablation"]["name"], "budget": c["budget"],
            "runtime_profile": c["runtime_profile"], "answer_model": c["answer_model"]["kind"],

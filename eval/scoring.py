@@ -466,3 +466,26 @@ def aggregate(records: list[dict], keys: list[str]) -> dict[str, Any]:
         by[key] = {"groups": groups, "macro_accuracy": sum(accs) / len(accs) if accs else None}
     result["by"] = by
     return result
+
+
+def kendall_tau_order(prediction: str, reference: list[str]) -> float:
+    """BEAM event ordering, judge-free: the order in which the reference items appear in the prediction,
+    compared with the reference order by Kendall's tau, normalised to [0, 1] (1 = same order). Items the
+    prediction never mentions are placed after all mentioned ones, in reference order."""
+    low = (prediction or "").lower()
+    n = len(reference)
+    if n < 2:
+        return 1.0
+    pos = []
+    for i, item in enumerate(reference):
+        k = low.find(str(item).lower())
+        pos.append((k if k >= 0 else len(low) + i))
+    concordant = discordant = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            if pos[i] < pos[j]:
+                concordant += 1
+            elif pos[i] > pos[j]:
+                discordant += 1
+    tau = (concordant - discordant) / (n * (n - 1) / 2)
+    return (tau + 1) / 2

@@ -48,7 +48,7 @@ def test_ablation_removes_the_forest(smoke, tmp_path):
 
 
 @pytest.mark.parametrize("overrides, msg", [
-    (["benchmark=beam"], "benchmark='beam'"),
+    (["benchmark=bfcl"], "benchmark='bfcl' is unknown"),
     (["method=magic"], "option method"),
     (["budget=10"], "smaller than the fixed prompt"),
 ])
@@ -136,3 +136,31 @@ def test_judge_prompt_follows_the_type_rules():
     assert "unanswerable" in m
     assert Judge(FakeChat(lambda c: "Yes.")).correct("multi-session", "q", "a", "a") is True
     assert Judge(FakeChat(lambda c: "no")).correct("multi-session", "q", "a", "b") is False
+
+
+def test_beam_protocol_scores_rubrics_with_the_judge_and_orders_events_without_it(smoke, tmp_path, monkeypatch):
+    from arbor_train.paths import REPO_ROOT
+    import eval.judge as J
+    import eval.run as R
+
+    beam = REPO_ROOT / "tests" / "fixtures" / "benchmarks" / "beam"
+    res = run(ecfg(smoke, tmp_path / "a", "benchmark=beam", f"beam.input={beam}", "method=full_context"))
+    assert res["sessions"] == 2 and res["questions"] > 0 and "overall" not in res
+    monkeypatch.setattr(R, "build_answer_model", lambda cfg: FakeChat(
+        lambda c: "First we chose SQLite, later we switched to PostgreSQL."))
+    monkeypatch.setattr(J, "build_judge", lambda cfg: J.Judge(FakeChat(lambda c: "partially")))
+    res = run(ecfg(smoke, tmp_path / "b", "benchmark=beam", f"beam.input={beam}", "method=full_context"))
+    assert res["score_by_ability"]["event_ordering"] == 1.0  # judge-free Kendall tau: the fake answer keeps the order
+    others = {k: v for k, v in res["score_by_ability"].items() if k != "event_ordering"}
+    assert others and all(v == 0.5 for v in others.values())  # every rubric item "partially"
+    assert res["overall"] == round(sum(res["score_by_ability"].values()) / len(res["score_by_ability"]), 4)
+
+
+def test_kendall_tau_order():
+    from eval.scoring import kendall_tau_order
+
+    ref = ["a1", "b2", "c3"]
+    assert kendall_tau_order("a1 then b2 then c3", ref) == 1.0
+    assert kendall_tau_order("c3, b2, a1", ref) == 0.0
+    # a1 before c3 before b2: pairs (a1,b2)+ (a1,c3)+ (b2,c3)- -> tau = 1/3 -> (1/3 + 1) / 2 = 2/3
+    assert abs(kendall_tau_order("a1 c3 b2", ref) - 2 / 3) < 1e-9
