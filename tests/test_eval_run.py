@@ -164,3 +164,13 @@ def test_kendall_tau_order():
     assert kendall_tau_order("c3, b2, a1", ref) == 0.0
     # a1 before c3 before b2: pairs (a1,b2)+ (a1,c3)+ (b2,c3)- -> tau = 1/3 -> (1/3 + 1) / 2 = 2/3
     assert abs(kendall_tau_order("a1 c3 b2", ref) - 2 / 3) < 1e-9
+
+
+def test_compare_prints_one_table_per_set(smoke, tmp_path):
+    from eval.compare import compare
+
+    res = compare("ablations", [f"data_dir={smoke}", "wandb.enabled=false"], tmp_path / "abl")
+    assert len(res["rows"]) == 6 and res["table"].count("| branchmem |") == 6
+    assert (tmp_path / "abl" / "ablation_bars.png").exists()
+    with pytest.raises(ValueError, match="compare set"):
+        compare("everything", [], tmp_path / "x")

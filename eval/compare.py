@@ -1,0 +1,54 @@
+"""One command, one table: run a set of evaluation configurations in-process and print the merged table.
+
+    python -m eval.compare methods   [eval overrides...]   # arbormem, full_context, bm25, dense, fact_store
+    python -m eval.compare ablations [eval overrides...]   # full and each component removed alone
+    python -m eval.compare budgets   [eval overrides...]   # 256 ... 32768 tokens for arbormem and the baselines
+
+Overrides are those of `python -m eval.run` (Hydra syntax), e.g. `runtime_profile=tuned
+'runtime_overrides=["reranker.bundle.path=outputs/bundles/reranker"]' answer_model=smollm2`. Every run
+keeps its own folder under --out; the table, merged.json and the plots land in --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .methods import METHODS
+
+SETS = {
+    "methods": [[f"method={m}"] for m in METHODS],
+    "ablations": [["ablation=full"]] + [[f"ablation={a}"] for a in (
+        "state_localization", "routing", "atomic_facts", "structured_extraction", "structured_evidence")],
+    "budgets": [[f"method={m}", f"budget={b}"] for m in ("arbormem", "full_context", "bm25", "dense")
+                for b in (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)],
+}
+
+
+def compare(kind: str, overrides: list[str], out: str | Path) -> dict:
+    from arbor_train.runtime.config import compose
+
+    from .report import report
+    from .run import run
+
+    if kind not in SETS:
+        raise ValueError(f"compare set must be one of {sorted(SETS)}, got {kind!r}")
+    out = Path(out)
+    for i, extra in enumerate(SETS[kind]):
+        name = "-".join(e.split("=", 1)[1] for e in extra)
+        cfg = compose("eval", [*overrides, *extra, f"run_dir={out / f'{i:02d}-{name}'}"])
+        run(cfg)
+    return report([out], out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("kind", choices=sorted(SETS))
+    ap.add_argument("overrides", nargs="*", help="eval.run overrides (Hydra syntax)")
+    ap.add_argument("--out", default=None, help="output folder (default outputs/reports/<kind>)")
+    a = ap.parse_args()
+    compare(a.kind, a.overrides, a.out or f"outputs/reports/{a.kind}")
+
+
+if __name__ == "__main__":
+    main()
