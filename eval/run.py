@@ -83,7 +83,8 @@ def _pct(values: list[float], q: float) -> float | None:
     return round(v[min(len(v) - 1, int(q * len(v)))], 5) if v else None
 
 
-def replay_locomo(conv, method, llm, budget: int, categories: list[int], max_new_tokens: int) -> list[dict]:
+def replay_locomo(conv, method, llm, budget: int, categories: list[int], max_new_tokens: int,
+                  judge=None) -> list[dict]:
     """LoCoMo protocol: the memory is built once per conversation (every interaction, in order), then
     each question of the chosen categories is read against the finished memory."""
     from eval.benchmarks.schema import interactions
@@ -109,6 +110,8 @@ def replay_locomo(conv, method, llm, budget: int, categories: list[int], max_new
             pred = answer(llm, r.text, q.question, max_new_tokens)
             rec["prediction"] = pred
             rec["score"] = locomo_score(pred, q.answer if q.answer is not None else "", int(q.category))
+            if judge is not None:  # Mem0-style J: a lenient CORRECT/WRONG judgement by an LLM
+                rec["judge_correct"] = judge.correct("locomo", q.question, q.answer or "", pred)
         recs.append(rec)
     return recs
 
@@ -231,6 +234,9 @@ def summarize_locomo(recs: list[dict]) -> dict[str, Any]:
         agg = aggregate(recs, ["category"])
         out["f1"] = agg["accuracy"]
         out["f1_by_category"] = {k: v["accuracy"] for k, v in agg["by"]["category"]["groups"].items()}
+    judged = [r["judge_correct"] for r in recs if "judge_correct" in r]
+    if judged:
+        out["judge_accuracy"] = round(sum(judged) / len(judged), 4)
     return out
 
 
@@ -302,7 +308,7 @@ def run(cfg: DictConfig) -> dict:
             for conv in convs:
                 m = build_method(c["method"], runtime_cfg, comps, conv.conversation_id, counter, c["prefilter"])
                 qrecs += replay_locomo(conv, m, llm, c["budget"], list(c["locomo"]["categories"]),
-                                       c["answer_model"]["max_new_tokens"])
+                                       c["answer_model"]["max_new_tokens"], judge)
                 m.close()
             n_units = len(convs)
         elif c["benchmark"] == "longmemeval":

@@ -174,3 +174,18 @@ def test_compare_prints_one_table_per_set(smoke, tmp_path):
     assert (tmp_path / "abl" / "ablation_bars.png").exists()
     with pytest.raises(ValueError, match="compare set"):
         compare("everything", [], tmp_path / "x")
+
+
+def test_locomo_f1_and_optional_judge_with_an_answer_model(smoke, tmp_path, monkeypatch):
+    from arbor_train.paths import REPO_ROOT
+    import eval.judge as J
+    import eval.run as R
+
+    locomo = REPO_ROOT.parent / "shared" / "data" / "locomo"
+    if not locomo.exists():
+        pytest.skip("../shared/data/locomo is not beside the repository")
+    monkeypatch.setattr(R, "build_answer_model", lambda cfg: FakeChat(lambda c: "not mentioned"))
+    monkeypatch.setattr(J, "build_judge", lambda cfg: J.Judge(FakeChat(lambda c: "no")))
+    res = run(ecfg(smoke, tmp_path, "benchmark=locomo", f"locomo.input={locomo}", "max_sessions=1", "method=bm25",
+                   "locomo.categories=[4]"))
+    assert res["questions"] == 70 and res["judge_accuracy"] == 0.0 and 0.0 <= res["f1"] < 0.2
