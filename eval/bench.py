@@ -158,7 +158,7 @@ def bench_train(cfg: DictConfig) -> dict:
     loader.examples = loader.examples[: int(b.steps) * int(b.packs_per_batch)]
     batches = [loader.collate(loader.examples[i : i + loader.batch_size])
                for i in range(0, len(loader.examples), loader.batch_size)]
-    tokens = sum(int((x["labels"] != -100).sum() + 0) for x in batches)
+    tokens = sum(int((x["labels"] != -100).sum()) for x in batches)
     real = sum(int(len(x["input_ids"][0])) * len(x["input_ids"]) * (1 - padding_fraction(x)) for x in batches)
     trainer = L.Trainer(max_steps=int(b.steps), logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         num_sanity_val_steps=0, limit_val_batches=0, enable_model_summary=False)

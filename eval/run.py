@@ -83,17 +83,24 @@ def _pct(values: list[float], q: float) -> float | None:
     return round(v[min(len(v) - 1, int(q * len(v)))], 5) if v else None
 
 
-def replay_locomo(conv, method, llm, budget: int, categories: list[int], max_new_tokens: int,
-                  judge=None) -> list[dict]:
-    """LoCoMo protocol: the memory is built once per conversation (every interaction, in order), then
-    each question of the chosen categories is read against the finished memory."""
+def ingest(conv, method) -> tuple[list, dict[str, int]]:
+    """Build a method's memory from a whole conversation (every interaction, in order); returns the
+    interactions and the map from turn id to interaction index that evidence ids are resolved with."""
     from eval.benchmarks.schema import interactions
-    from eval.scoring import locomo_score
 
     inters = interactions(conv)
-    idx_of = {tid: i for i, it in enumerate(inters) for tid in it.turn_ids}
     for i, it in enumerate(inters):
         method.observe(i, it.user, it.assistant, it.timestamp, False)
+    return inters, {tid: i for i, it in enumerate(inters) for tid in it.turn_ids}
+
+
+def replay_locomo(conv, method, llm, judge, budget: int, max_new_tokens: int, c: dict) -> list[dict]:
+    """LoCoMo protocol: the memory is built once per conversation, then each question of the
+    categories in `c["locomo"]["categories"]` is read against the finished memory."""
+    from eval.scoring import locomo_score
+
+    categories = [int(x) for x in c["locomo"]["categories"]]
+    _, idx_of = ingest(conv, method)
     last_date = conv.sessions[-1].date_time if conv.sessions else None
     recs = []
     for q in conv.questions:
@@ -116,16 +123,11 @@ def replay_locomo(conv, method, llm, budget: int, categories: list[int], max_new
     return recs
 
 
-def replay_longmemeval(conv, method, llm, judge, budget: int, max_new_tokens: int) -> dict:
+def replay_longmemeval(conv, method, llm, judge, budget: int, max_new_tokens: int, c: dict) -> list[dict]:
     """LongMemEval protocol: each question has its own haystack, so the memory is built per question;
     retrieval is judged at turn and session level on the evidence (has_answer) turns the context holds,
     answers by the pluggable judge when one is configured."""
-    from eval.benchmarks.schema import interactions
-
-    inters = interactions(conv)
-    idx_of = {tid: i for i, it in enumerate(inters) for tid in it.turn_ids}
-    for i, it in enumerate(inters):
-        method.observe(i, it.user, it.assistant, it.timestamp, False)
+    inters, idx_of = ingest(conv, method)
     q = conv.questions[0]
     t0 = time.perf_counter()
     r = method.read(q.question, q.question_date, budget)
@@ -144,7 +146,7 @@ def replay_longmemeval(conv, method, llm, judge, budget: int, max_new_tokens: in
         rec["prediction"] = pred
         if judge is not None:
             rec["correct"] = judge.correct(q.category, q.question, q.answer or "", pred, rec["abstention"])
-    return rec
+    return [rec]
 
 
 def summarize_longmemeval(recs: list[dict]) -> dict[str, Any]:
@@ -169,21 +171,17 @@ def summarize_longmemeval(recs: list[dict]) -> dict[str, Any]:
     return out
 
 
-def replay_beam(conv, method, llm, judge, budget: int, max_new_tokens: int) -> list[dict]:
+def replay_beam(conv, method, llm, judge, budget: int, max_new_tokens: int, c: dict) -> list[dict]:
     """BEAM protocol: memory built once per conversation, then its probing questions (10 abilities x 2).
     Judge-free: evidence (source_chat_ids) in the context, and Kendall tau for event ordering; rubric
     items are scored by the pluggable judge when one is configured."""
     import ast
 
-    from eval.benchmarks.schema import interactions
     from eval.scoring import kendall_tau_order
 
     from .judge import rubric_score
 
-    inters = interactions(conv)
-    idx_of = {tid: i for i, it in enumerate(inters) for tid in it.turn_ids}
-    for i, it in enumerate(inters):
-        method.observe(i, it.user, it.assistant, it.timestamp, False)
+    _, idx_of = ingest(conv, method)
     now = conv.sessions[-1].date_time if conv.sessions else None
     recs = []
     for q in conv.questions:
@@ -238,6 +236,30 @@ def summarize_locomo(recs: list[dict]) -> dict[str, Any]:
     if judged:
         out["judge_accuracy"] = round(sum(judged) / len(judged), 4)
     return out
+
+
+def _load_locomo(path):
+    from eval.benchmarks.locomo import load_locomo
+
+    return load_locomo(path)
+
+
+def _load_longmemeval(path):
+    from eval.benchmarks.longmemeval import load_longmemeval
+
+    return load_longmemeval(path)
+
+
+def _load_beam(path):
+    from eval.benchmarks.beam import load_beam_dir
+
+    return load_beam_dir(path)
+
+
+# benchmark -> (loader of its conversations, replay of one conversation); BranchMemEval replays sessions
+CONVERSATION_PROTOCOLS = {"locomo": (_load_locomo, replay_locomo),
+                          "longmemeval": (_load_longmemeval, replay_longmemeval),
+                          "beam": (_load_beam, replay_beam)}
 
 
 def summarize(qrecs: list[dict], trecs: list[dict]) -> dict[str, Any]:
@@ -301,32 +323,12 @@ def run(cfg: DictConfig) -> dict:
     t0 = time.perf_counter()
     with quiet():
         comps = build_components(runtime_cfg)
-        if c["benchmark"] == "locomo":
-            from eval.benchmarks.locomo import load_locomo
-
-            convs = load_locomo(c["locomo"]["input"])[: c["max_sessions"] or None]
+        if c["benchmark"] in CONVERSATION_PROTOCOLS:
+            load, replay = CONVERSATION_PROTOCOLS[c["benchmark"]]
+            convs = load(c[c["benchmark"]]["input"])[: c["max_sessions"] or None]
             for conv in convs:
                 m = build_method(c["method"], runtime_cfg, comps, conv.conversation_id, counter, c["prefilter"])
-                qrecs += replay_locomo(conv, m, llm, c["budget"], list(c["locomo"]["categories"]),
-                                       c["answer_model"]["max_new_tokens"], judge)
-                m.close()
-            n_units = len(convs)
-        elif c["benchmark"] == "longmemeval":
-            from eval.benchmarks.longmemeval import load_longmemeval
-
-            convs = load_longmemeval(c["longmemeval"]["input"])[: c["max_sessions"] or None]
-            for conv in convs:
-                m = build_method(c["method"], runtime_cfg, comps, conv.conversation_id, counter, c["prefilter"])
-                qrecs.append(replay_longmemeval(conv, m, llm, judge, c["budget"], c["answer_model"]["max_new_tokens"]))
-                m.close()
-            n_units = len(convs)
-        elif c["benchmark"] == "beam":
-            from eval.benchmarks.beam import load_beam_dir
-
-            convs = load_beam_dir(c["beam"]["input"])[: c["max_sessions"] or None]
-            for conv in convs:
-                m = build_method(c["method"], runtime_cfg, comps, conv.conversation_id, counter, c["prefilter"])
-                qrecs += replay_beam(conv, m, llm, judge, c["budget"], c["answer_model"]["max_new_tokens"])
+                qrecs += replay(conv, m, llm, judge, c["budget"], c["answer_model"]["max_new_tokens"], c)
                 m.close()
             n_units = len(convs)
         else:
