@@ -110,6 +110,35 @@ def build_trainer(cfg: dict, run_dir: Path, logger) -> L.Trainer:
     )
 
 
+RESUME_KEYS = ("model", "peft", "task", "data", "optim", "seed")
+
+
+def resume_path(c: dict, run_dir: Path) -> str | None:
+    """The checkpoint to resume from: `resume=auto` takes the newest one in this run directory.
+
+    That is what a requeued SLURM job finds (same job id, same run directory): Lightning's `hpc_ckpt_*.ckpt`
+    written on the requeue signal, or the last periodic checkpoint after a plain `scontrol requeue` or a
+    crash. A checkpoint of a different configuration is refused rather than resumed.
+    """
+    r = c.get("resume")
+    if r in (None, "none", "null", False):
+        return None
+    if r != "auto":
+        if not Path(r).exists():
+            raise ConfigError(f"resume={r}: no such checkpoint")
+        return str(r)
+    found = list(run_dir.glob("hpc_ckpt_*.ckpt")) + list((run_dir / "checkpoints").glob("*.ckpt"))
+    if not found:
+        return None
+    newest = max(found, key=lambda p: (p.stat().st_mtime, p.name != "last.ckpt"))
+    saved = torch.load(newest, map_location="cpu", weights_only=False, mmap=True)["hyper_parameters"]["config"]
+    diff = [k for k in RESUME_KEYS if saved.get(k) != c.get(k)]
+    if diff:
+        raise ConfigError(f"run_dir {run_dir} holds checkpoint {newest.name} of a different configuration "
+                          f"(differs in {', '.join(diff)}); choose another run_dir or set resume=null")
+    return str(newest)
+
+
 def train(cfg: DictConfig | dict) -> dict:
     from . import roles
 
@@ -119,6 +148,9 @@ def train(cfg: DictConfig | dict) -> dict:
     torch.set_num_threads(c["trainer"]["torch_threads"] or torch.get_num_threads())
     run_dir = Path(c["run_dir"])
     run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = resume_path(c, run_dir)
+    if ckpt:
+        log.info("resuming from %s (restart %s)", ckpt, os.environ.get("SLURM_RESTART_COUNT", "-"))
     built = roles.build(c)
     module, train_loader, val_loader = built["module"], built["train_loader"], built["val_loader"]
     logger = build_logger(c, run_dir)
@@ -128,11 +160,15 @@ def train(cfg: DictConfig | dict) -> dict:
             "examples": {"train": len(train_loader.examples), "val": len(val_loader.examples)}}
     if logger:
         logger.log_hyperparams({"config": c, **meta})
-    results: dict[str, Any] = {"run_dir": str(run_dir), **meta}
-    if c["task"].get("compare_baselines") and not c.get("resume"):
+    results: dict[str, Any] = {"run_dir": str(run_dir), **meta, "resumed_from": ckpt,
+                               "slurm": {k: os.environ[f"SLURM_{k.upper()}"] for k in ("job_id", "restart_count")
+                                         if f"SLURM_{k.upper()}" in os.environ}}
+    if ckpt:
+        results["resumed_at_step"] = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)["global_step"]
+    if c["task"].get("compare_baselines") and not ckpt:
         results["baselines"] = roles.baselines(c, built, trainer, val_loader)
     t0 = time.perf_counter()
-    trainer.fit(module, train_loader, val_loader, ckpt_path=c.get("resume"))
+    trainer.fit(module, train_loader, val_loader, ckpt_path=ckpt)
     elapsed = time.perf_counter() - t0
     trainer.validate(module, val_loader, verbose=False)
     results["metrics"] = getattr(module, "last_metrics", {})

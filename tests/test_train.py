@@ -114,7 +114,10 @@ def test_kill_and_resume_is_exact(tmp_path, smoke_data):
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
     assert ckpt.exists() and not (tmp_path / "killed" / "checkpoints" / "step-000012.ckpt").exists()
-    resumed = train(dict(c, resume=str(ckpt)))
+    with pytest.raises(ConfigError, match="different configuration.*optim"):
+        train(dict(c, optim=dict(c["optim"], lr=1e-3)))    # the same run_dir, another config: refused
+    resumed = train(c)    # resume=auto: the newest checkpoint in run_dir, as a requeued SLURM job does
+    assert resumed["resumed_from"].endswith(".ckpt") and resumed["resumed_at_step"] == 6
     assert resumed["global_step"] == 12
     w_resumed = torch.load(Path(resumed["run_dir"]) / "checkpoints" / "step-000012.ckpt",
                            weights_only=False)["state_dict"]
