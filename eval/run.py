@@ -22,10 +22,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from arbor_train.paths import CONF_DIR
 
-ANSWER_SYSTEM = ("Answer the question from the memory context. Computed values and UpdateEvidence come first; "
-                 "for 'previous' questions give the old value, otherwise the current one. Reply with the answer only.")
-
-
 def build_answer_model(cfg: dict):
     """None (no generation: answer-independent metrics only), or an LLM backend (hf | openai)."""
     if cfg["kind"] == "none":
@@ -35,13 +31,7 @@ def build_answer_model(cfg: dict):
     return build_llm(cfg["llm"])
 
 
-def answer(llm, context: str, question: str, max_new_tokens: int) -> str:
-    msgs = [{"role": "system", "content": ANSWER_SYSTEM},
-            {"role": "user", "content": f"{context}\n\nQuestion: {question}\nAnswer:"}]
-    return llm.chat([msgs], max_new_tokens=max_new_tokens)[0]
-
-
-def replay_session(sess: dict, method, llm, budget: int, max_new_tokens: int) -> tuple[list[dict], list[dict]]:
+def replay_session(sess: dict, method, answers, budget: int) -> tuple[list[dict], list[dict]]:
     from eval.scoring import answer_correct, context_flags, error_category
 
     branch = {t["index"]: t["branch"] for t in sess["turns"]}
@@ -55,16 +45,17 @@ def replay_session(sess: dict, method, llm, budget: int, max_new_tokens: int) ->
             r = method.read(t["user"], t["timestamp"], budget)
             read_s = time.perf_counter() - t0
             flags = context_flags(r.text, q["gold"], q["confounder"])
-            pred = answer(llm, r.text, t["user"], max_new_tokens) if llm is not None else None
             rec = {"session_id": sess["session_id"], "turn": t["index"], "question_type": q["type"],
                    "dimension": q["dimension"], "gold": q["gold"], "confounder": q["confounder"],
                    "context_tokens": r.tokens, "read_s": read_s, **flags,
                    "localization_correct": (None if r.selected_turn is None and method.name != "arbormem"
                                             else r.selected_turn is not None and branch.get(r.selected_turn) == q["branch"]),
-                   "prediction": pred}
-            if pred is not None:
-                rec["correct"] = answer_correct(pred, q["gold"], q["confounder"])
-                rec["error"] = error_category(pred, q["gold"], q["confounder"], r.text)
+                   "prediction": None}
+            if answers is not None:
+                def done(pred, rec=rec, q=q, text=r.text):
+                    rec.update(prediction=pred, correct=answer_correct(pred, q["gold"], q["confounder"]),
+                               error=error_category(pred, q["gold"], q["confounder"], text))
+                answers.ask(r.text, t["user"], done)
             qrecs.append(rec)
         t0 = time.perf_counter()
         obs = method.observe(t["index"], t["user"], t["assistant"], t["timestamp"], t["is_question"])
@@ -94,7 +85,7 @@ def ingest(conv, method) -> tuple[list, dict[str, int]]:
     return inters, {tid: i for i, it in enumerate(inters) for tid in it.turn_ids}
 
 
-def replay_locomo(conv, method, llm, judge, budget: int, max_new_tokens: int, c: dict) -> list[dict]:
+def replay_locomo(conv, method, answers, judge, budget: int, c: dict) -> list[dict]:
     """LoCoMo protocol: the memory is built once per conversation, then each question of the
     categories in `c["locomo"]["categories"]` is read against the finished memory."""
     from eval.scoring import locomo_score
@@ -113,17 +104,18 @@ def replay_locomo(conv, method, llm, judge, budget: int, max_new_tokens: int, c:
         rec = {"session_id": conv.conversation_id, "question_id": q.question_id, "category": q.category,
                "context_tokens": r.tokens, "read_s": read_s,
                "evidence_recall": (len(ev & set(r.turn_ids)) / len(ev)) if ev else None}
-        if llm is not None:
-            pred = answer(llm, r.text, q.question, max_new_tokens)
-            rec["prediction"] = pred
-            rec["score"] = locomo_score(pred, q.answer if q.answer is not None else "", int(q.category))
-            if judge is not None:  # Mem0-style J: a lenient CORRECT/WRONG judgement by an LLM
-                rec["judge_correct"] = judge.correct("locomo", q.question, q.answer or "", pred)
+        if answers is not None:
+            def done(pred, rec=rec, q=q):
+                rec["prediction"] = pred
+                rec["score"] = locomo_score(pred, q.answer if q.answer is not None else "", int(q.category))
+                if judge is not None:  # Mem0-style J: a lenient CORRECT/WRONG judgement by an LLM
+                    rec["judge_correct"] = judge.correct("locomo", q.question, q.answer or "", pred)
+            answers.ask(r.text, q.question, done)
         recs.append(rec)
     return recs
 
 
-def replay_longmemeval(conv, method, llm, judge, budget: int, max_new_tokens: int, c: dict) -> list[dict]:
+def replay_longmemeval(conv, method, answers, judge, budget: int, c: dict) -> list[dict]:
     """LongMemEval protocol: each question has its own haystack, so the memory is built per question;
     retrieval is judged at turn and session level on the evidence (has_answer) turns the context holds,
     answers by the pluggable judge when one is configured."""
@@ -141,11 +133,12 @@ def replay_longmemeval(conv, method, llm, judge, budget: int, max_new_tokens: in
            "turn_recall_any": (bool(ev & got) if ev else None), "turn_recall_all": (ev <= got if ev else None),
            "session_recall_any": (bool(ev_sessions & got_sessions) if ev_sessions else None),
            "session_recall_all": (ev_sessions <= got_sessions if ev_sessions else None)}
-    if llm is not None:
-        pred = answer(llm, r.text, q.question, max_new_tokens)
-        rec["prediction"] = pred
-        if judge is not None:
-            rec["correct"] = judge.correct(q.category, q.question, q.answer or "", pred, rec["abstention"])
+    if answers is not None:
+        def done(pred):
+            rec["prediction"] = pred
+            if judge is not None:
+                rec["correct"] = judge.correct(q.category, q.question, q.answer or "", pred, rec["abstention"])
+        answers.ask(r.text, q.question, done)
     return [rec]
 
 
@@ -171,7 +164,7 @@ def summarize_longmemeval(recs: list[dict]) -> dict[str, Any]:
     return out
 
 
-def replay_beam(conv, method, llm, judge, budget: int, max_new_tokens: int, c: dict) -> list[dict]:
+def replay_beam(conv, method, answers, judge, budget: int, c: dict) -> list[dict]:
     """BEAM protocol: memory built once per conversation, then its probing questions (10 abilities x 2).
     Judge-free: evidence (source_chat_ids) in the context, and Kendall tau for event ordering; rubric
     items are scored by the pluggable judge when one is configured."""
@@ -189,19 +182,20 @@ def replay_beam(conv, method, llm, judge, budget: int, max_new_tokens: int, c: d
         ev = {idx_of[e] for e in q.evidence if e in idx_of}
         rec = {"session_id": conv.conversation_id, "question_id": q.question_id, "ability": q.category,
                "context_tokens": r.tokens, "evidence_recall": (len(ev & set(r.turn_ids)) / len(ev)) if ev else None}
-        if llm is not None:
-            pred = answer(llm, r.text, q.question, max_new_tokens)
-            rec["prediction"] = pred
-            order = q.extra.get("answer")
-            if q.category == "event_ordering" and isinstance(order, str):
-                try:
-                    order = ast.literal_eval(order)
-                except (ValueError, SyntaxError):
-                    order = None
-            if q.category == "event_ordering" and isinstance(order, list):
-                rec["score"] = kendall_tau_order(pred, [str(x) for x in order])
-            elif judge is not None:
-                rec["score"] = rubric_score(judge, q.question, pred, list(q.extra.get("rubric") or []))
+        if answers is not None:
+            def done(pred, rec=rec, q=q):
+                rec["prediction"] = pred
+                order = q.extra.get("answer")
+                if q.category == "event_ordering" and isinstance(order, str):
+                    try:
+                        order = ast.literal_eval(order)
+                    except (ValueError, SyntaxError):
+                        order = None
+                if q.category == "event_ordering" and isinstance(order, list):
+                    rec["score"] = kendall_tau_order(pred, [str(x) for x in order])
+                elif judge is not None:
+                    rec["score"] = rubric_score(judge, q.question, pred, list(q.extra.get("rubric") or []))
+            answers.ask(r.text, q.question, done)
         recs.append(rec)
     return recs
 
@@ -316,6 +310,10 @@ def run(cfg: DictConfig) -> dict:
     if c["budget"] <= fixed:
         raise ValueError(f"option budget={c['budget']} is smaller than the fixed prompt ({fixed} tokens)")
     llm = build_answer_model(c["answer_model"])
+    from .answers import Answers
+
+    answers = (Answers(llm, c["answer_model"]["max_new_tokens"], c["answer_model"].get("cache"))
+               if llm is not None else None)
     from .judge import build_judge
 
     judge = build_judge(c["judge"])
@@ -328,25 +326,28 @@ def run(cfg: DictConfig) -> dict:
             convs = load(c[c["benchmark"]]["input"])[: c["max_sessions"] or None]
             for conv in convs:
                 m = build_method(c["method"], runtime_cfg, comps, conv.conversation_id, counter, c["prefilter"])
-                qrecs += replay(conv, m, llm, judge, c["budget"], c["answer_model"]["max_new_tokens"], c)
+                qrecs += replay(conv, m, answers, judge, c["budget"], c)
                 m.close()
             n_units = len(convs)
         else:
             sessions = [json.loads(line) for line in data.open(encoding="utf-8")][: c["max_sessions"] or None]
             for s in sessions:
                 m = build_method(c["method"], runtime_cfg, comps, s["session_id"], counter, c["prefilter"])
-                q, t = replay_session(s, m, llm, c["budget"], c["answer_model"]["max_new_tokens"])
+                q, t = replay_session(s, m, answers, c["budget"])
                 m.close()
                 qrecs += q
                 trecs += t
             n_units = len(sessions)
+    answer_stats = answers.flush() if answers is not None else None
+    if answers is not None:
+        answers.close()
     elapsed = time.perf_counter() - t0
     summary = {"locomo": lambda: summarize_locomo(qrecs), "longmemeval": lambda: summarize_longmemeval(qrecs),
                "beam": lambda: summarize_beam(qrecs),
                "branchmem": lambda: summarize(qrecs, trecs)}[c["benchmark"]]()
     res = {"benchmark": c["benchmark"], "method": c["method"], "ablation": c["ablation"]["name"], "budget": c["budget"],
            "runtime_profile": c["runtime_profile"], "answer_model": c["answer_model"]["kind"],
-           "sessions": n_units, "seconds": round(elapsed, 2),
+           "sessions": n_units, "seconds": round(elapsed, 2), "answer_calls": answer_stats,
            "questions_per_hour": round(len(qrecs) / max(elapsed, 1e-9) * 3600, 1), **summary}
     out = Path(c["run_dir"])
     out.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,13 @@ class HFCausalLM:
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
+        if dtype == "auto_bf16":  # bf16 where the hardware runs it natively (CUDA, or a CPU with AVX512-BF16/AMX)
+            native = torch.cuda.is_available() if device != "cpu" else torch.ops.mkldnn._is_mkldnn_bf16_supported()
+            dtype = "bf16" if native else "fp32"
+        if dtype not in ("auto", "bf16", "fp32", "fp16"):
+            raise ValueError(f"option llm.dtype must be auto, auto_bf16, bf16, fp32 or fp16, got {dtype!r}")
         torch_dtype = {"auto": "auto", "bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[dtype]
+        self.cache_id = f"{model}|{dtype}|{adapter}"  # what the outputs depend on (answer cache key)
         kwargs = {"dtype": torch_dtype}
         if device_map:  # accelerate places big models (empty-weight init, sharded over GPUs/CPU)
             kwargs["device_map"] = device_map
@@ -107,7 +113,8 @@ class HFCausalLM:
         out: list[float] = []
         for enc in self._batches(conversations):
             with torch.inference_mode():
-                logits = self.model(**enc).logits[:, -1, :]
+                # only the last position's logits: the LM head over every position costs as much as the body
+                logits = self.model(**enc, logits_to_keep=1).logits[:, -1, :]
             pair = torch.stack([logits[:, no], logits[:, yes]], dim=-1).float()
             out.extend(torch.softmax(pair, dim=-1)[:, 1].tolist())
         return out
