@@ -27,3 +27,4 @@ def run_id() -> str:
 
 
 OmegaConf.register_new_resolver("arbor.run_id", run_id, replace=True, use_cache=True)
+OmegaConf.register_new_resolver("arbor.repo_root", lambda: str(REPO_ROOT), replace=True)

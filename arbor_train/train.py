@@ -127,10 +127,11 @@ def resume_path(c: dict, run_dir: Path) -> str | None:
         if not Path(r).exists():
             raise ConfigError(f"resume={r}: no such checkpoint")
         return str(r)
-    found = list(run_dir.glob("hpc_ckpt_*.ckpt")) + list((run_dir / "checkpoints").glob("*.ckpt"))
+    # step-*.ckpt rather than last.ckpt (a moving copy of the newest), so the path names what was resumed
+    found = list(run_dir.glob("hpc_ckpt_*.ckpt")) + list((run_dir / "checkpoints").glob("step-*.ckpt"))
     if not found:
         return None
-    newest = max(found, key=lambda p: (p.stat().st_mtime, p.name != "last.ckpt"))
+    newest = max(found, key=lambda p: p.stat().st_mtime)
     saved = torch.load(newest, map_location="cpu", weights_only=False, mmap=True)["hyper_parameters"]["config"]
     diff = [k for k in RESUME_KEYS if saved.get(k) != c.get(k)]
     if diff:

@@ -47,3 +47,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A real single-node SLURM cluster on loopback (tests/slurm_cluster.py), up for the whole session.
+
+    Skipped where slurm-wlm/munge are not installed, except with ARBOR_SLURM=1 (.ci/run installs them and
+    sets it), where a missing cluster is a failure."""
+    from slurm_cluster import LocalSlurm, available
+
+    why = available()
+    if why:
+        if os.environ.get("ARBOR_SLURM") == "1":
+            pytest.fail(f"ARBOR_SLURM=1 but {why}")
+        pytest.skip(f"{why} (apt-get install slurm-wlm munge; .ci/run does)")
+    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"))
+    cluster.start()
+    yield cluster
+    cluster.stop()

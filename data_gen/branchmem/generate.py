@@ -333,9 +333,16 @@ def _public(stats: dict) -> dict:
 
 
 def merge_shards(shard_dirs: list[Path], out_dir: Path, cfg_text: str, overwrite: bool) -> dict:
-    """Concatenate shards in index order; counts are summed, so stats equal a single run's."""
-    metas = []
+    """Concatenate shards in index order; counts are summed, so stats equal a single run's.
+
+    An entry may also be a folder holding `shard-*` folders (what a SLURM generation array writes).
+    """
+    expanded = []
     for d in shard_dirs:
+        inner = sorted(d.glob("shard-*-of-*")) if d.is_dir() and not (d / "stats.json").exists() else []
+        expanded.extend(inner or [d])
+    metas = []
+    for d in expanded:
         f = d / "stats.json"
         if not f.exists():
             raise FileNotFoundError(f"shard {d}: stats.json missing (is it a finished shard?)")

@@ -1,0 +1,167 @@
+"""The slurm/ scripts and the submitit launcher, submitted to a real SLURM cluster on this machine
+(slurmctld + slurmd + munged on loopback, started by the `slurm_cluster` fixture in conftest.py)."""
+
+import filecmp
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from arbor_train.paths import CONF_DIR, REPO_ROOT
+
+pytestmark = pytest.mark.slurm
+
+# The test node has no GPUs and 2 CPUs; these command-line options override the scripts' #SBATCH lines,
+# exactly as a user's -p/-A/--gpus-per-node overrides would.
+LOCAL = ["--gpus-per-node=0", "--cpus-per-task=1", "--time=00:15:00"]
+
+
+@pytest.fixture(scope="module")
+def env(slurm_cluster, tmp_path_factory):
+    """What a user's shell holds when they submit: the cluster, this venv on PATH, an output root."""
+    out = tmp_path_factory.mktemp("outputs")
+    e = dict(slurm_cluster.env, ARBOR_OUTPUT_ROOT=str(out), WANDB_MODE="offline", HF_HUB_OFFLINE="1",
+             PATH=f"{Path(sys.executable).parent}:{slurm_cluster.env['PATH']}")
+    e.pop("SLURM_JOB_ID", None)
+    return e
+
+
+@pytest.fixture(scope="module")
+def smoke_data(tmp_path_factory):
+    from hydra import compose, initialize_config_dir
+
+    from data_gen.branchmem.__main__ import run
+
+    out = tmp_path_factory.mktemp("data") / "smoke"
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        run(compose(config_name="data_gen", overrides=["preset=smoke", f"out_dir={out}", "progress=false", "workers=1"]))
+    return out
+
+
+def sbatch(env, *args) -> int:
+    res = subprocess.run(["sbatch", "--parsable", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    return int(res.stdout.strip().split(";")[0])
+
+
+def log_of(env, job: int, name: str) -> str:
+    p = Path(env["ARBOR_OUTPUT_ROOT"]) / f"{name}-{job}.out"
+    return p.read_text(errors="replace") if p.exists() else "(no log)"
+
+
+def finished(cluster, env, job: int, name: str, timeout: float = 600) -> None:
+    state = cluster.wait(job, timeout=timeout)
+    assert state == "COMPLETED", f"job {job} ended {state}:\n{log_of(env, job, name)[-4000:]}"
+
+
+def train_args(env, data, *extra) -> list[str]:
+    return [*LOCAL, f"--output={env['ARBOR_OUTPUT_ROOT']}/train-%j.out", "slurm/train.sbatch",
+            "model=tiny_encoder", f"data.train_dir={data}", "task.compare_baselines=false",
+            "trainer.progress_bar=false", *extra]
+
+
+def test_training_job_writes_checkpoints_metrics_and_an_offline_wandb_run(slurm_cluster, env, smoke_data):
+    job = sbatch(env, *train_args(env, smoke_data, "trainer.max_steps=12", "callbacks.checkpoint_every_n_steps=6"))
+    finished(slurm_cluster, env, job, "train")
+    run = Path(env["ARBOR_OUTPUT_ROOT"]) / "runs" / "train" / f"slurm-{job}"   # the run dir carries the job id
+    assert sorted(p.name for p in (run / "checkpoints").glob("step-*.ckpt")) == ["step-000006.ckpt", "step-000012.ckpt"]
+    m = json.loads((run / "final" / "metrics.json").read_text())
+    assert m["global_step"] == 12 and m["world_size"] == 1 and m["slurm"]["job_id"] == str(job)
+    assert {"acc@1", "mrr"} <= set(m["metrics"]) and m["resumed_from"] is None
+    assert list((run / "wandb").glob("offline-run-*/run-*.wandb")), "an offline W&B run in the run dir"
+    assert (run / "final" / "adapter" / "adapter_config.json").exists()
+
+
+def test_two_task_ddp_job_gets_its_ranks_from_srun(slurm_cluster, env, smoke_data):
+    job = sbatch(env, "--ntasks-per-node=2", *train_args(env, smoke_data, "trainer=ddp", "trainer.accelerator=cpu",
+                                                          "trainer.max_steps=4", "callbacks.checkpoint_every_n_steps=4"))
+    finished(slurm_cluster, env, job, "train")
+    m = json.loads((Path(env["ARBOR_OUTPUT_ROOT"]) / "runs" / "train" / f"slurm-{job}" / "final" / "metrics.json").read_text())
+    assert m["world_size"] == 2 and m["global_step"] == 4
+
+
+def test_generation_array_and_dependent_merge_equal_a_single_process_run(slurm_cluster, env, tmp_path):
+    out = tmp_path / "gen" / "smoke"
+    res = subprocess.run(["bash", "slurm/generate.sh", str(out), "2", "preset=smoke", "seed=3", "--", *LOCAL,
+                          f"--output={env['ARBOR_OUTPUT_ROOT']}/gen-%j.out"],
+                         cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    array, merge = map(int, re.search(r"array (\d+) \(2 tasks\) -> merge (\d+)", res.stdout).groups())
+    finished(slurm_cluster, env, merge, "gen", timeout=600)
+    for task in (0, 1):
+        assert slurm_cluster.state(f"{array}_{task}") == "COMPLETED"
+    assert sorted(p.name for p in (tmp_path / "gen" / "smoke.shards").iterdir()) == [
+        "shard-00000-of-00002", "shard-00001-of-00002"]
+    single = tmp_path / "single"
+    subprocess.run([sys.executable, "-m", "data_gen.branchmem", "preset=smoke", "seed=3", f"out_dir={single}",
+                    "workers=1", "progress=false"], cwd=REPO_ROOT, env=env, check=True, capture_output=True)
+    files = sorted(str(p.relative_to(single)) for p in (single / "jsonl").glob("*.jsonl"))
+    assert files and filecmp.cmpfiles(single, out, files, shallow=False)[0] == files
+    s1, s2 = (json.loads((d / "stats.json").read_text()) for d in (single, out))
+    assert s1["counts"] == s2["counts"] and s1["sessions"] == s2["sessions"]
+
+
+def test_evaluation_job(slurm_cluster, env, smoke_data):
+    job = sbatch(env, *LOCAL, f"--output={env['ARBOR_OUTPUT_ROOT']}/eval-%j.out", "slurm/eval.sbatch",
+                 f"data_dir={smoke_data}", "method=bm25", "budget=1024")
+    finished(slurm_cluster, env, job, "eval")
+    res = json.loads((Path(env["ARBOR_OUTPUT_ROOT"]) / "runs" / "eval" / f"slurm-{job}" / "results.json").read_text())
+    assert res["results"]["method"] == "bm25" and res["results"]["budget"] == 1024 and res["results"]["questions"] > 0
+
+
+def test_submitit_launcher_runs_a_two_point_multirun_as_slurm_jobs(slurm_cluster, env, smoke_data, tmp_path):
+    sweep = tmp_path / "sweep"
+    res = subprocess.run([sys.executable, "-m", "eval.run", "-m", "hydra/launcher=slurm", "hydra.launcher.cpus_per_task=1",
+                          "hydra.launcher.timeout_min=15", f"hydra.sweep.dir={sweep}", f"data_dir={smoke_data}",
+                          "method=arbormem", "budget=512,1024", "wandb.enabled=false"],
+                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    budgets = {}
+    for f in sweep.glob("*/results.json"):
+        budgets[json.loads(f.read_text())["results"]["budget"]] = f.parent.name
+    assert budgets == {512: "0", 1024: "1"}
+    tasks = sorted(p.name for p in (sweep / ".submitit").iterdir() if "_" in p.name and not p.name.startswith("."))
+    assert len(tasks) == 2 and {t.split("_")[1] for t in tasks} == {"0", "1"}, "one SLURM array task per point"
+    for t in tasks:
+        assert list((sweep / ".submitit" / t).glob("*_result.pkl")), f"task {t} returned its result through submitit"
+
+
+def _wait_for(cond, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+@pytest.mark.parametrize("how", ["scontrol_requeue", "usr1_before_time_limit"])
+def test_preempted_training_job_is_requeued_and_resumes_from_its_checkpoint(slurm_cluster, env, smoke_data, how):
+    """scontrol requeue: the job is killed and requeued, and resumes from its last periodic checkpoint.
+    USR1 (what --signal=SIGUSR1@120 sends before the time limit): Lightning writes hpc_ckpt_*.ckpt and
+    requeues the job itself; the requeued job resumes from that checkpoint."""
+    steps = 3000
+    job = sbatch(env, *train_args(env, smoke_data, f"trainer.max_steps={steps}", "callbacks.checkpoint_every_n_steps=100",
+                                  "logger=csv"))
+    run = Path(env["ARBOR_OUTPUT_ROOT"]) / "runs" / "train" / f"slurm-{job}"
+    _wait_for(lambda: list((run / "checkpoints").glob("step-*.ckpt")), 300, "the first periodic checkpoint")
+    time.sleep(1.0)
+    if how == "scontrol_requeue":
+        slurm_cluster.requeue(job)
+    else:
+        subprocess.run(["scancel", "--signal=USR1", str(job)], env=env, check=True)
+        _wait_for(lambda: list(run.glob("hpc_ckpt_*.ckpt")), 120, "Lightning's hpc checkpoint")
+    finished(slurm_cluster, env, job, "train", timeout=900)
+    m = json.loads((run / "final" / "metrics.json").read_text())
+    assert m["slurm"]["restart_count"] == "1" and m["global_step"] == steps
+    assert m["resumed_at_step"] > 0, "resumed from a checkpoint, not from step 0"
+    if how == "usr1_before_time_limit":
+        assert Path(m["resumed_from"]).name.startswith("hpc_ckpt_")
+    else:
+        assert Path(m["resumed_from"]).parent.name == "checkpoints"
+    saved = torch.load(m["resumed_from"], map_location="cpu", weights_only=False)
+    assert saved["global_step"] == m["resumed_at_step"]
