@@ -3,6 +3,7 @@ the runtime (merged == base + adapter), 2-process CPU DDP, configs, refusals."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -193,7 +194,9 @@ def test_every_experiment_config_composes_and_instantiates(tmp_path, smoke_data)
     assert {"reranker_minilm_cpu", "extractor_smollm2_cpu", "tagger_minilm_cpu"} <= set(names)
     for name in names:
         first = (CONF_DIR / "experiment" / f"{name}.yaml").read_text().splitlines()[1]
-        assert first.startswith("# python -m arbor_train.train experiment="), f"{name}: first comment is the command"
+        assert (first.startswith("# python -m arbor_train.train experiment=") or
+                re.match(r"# sbatch .*slurm/train\.sbatch experiment=", first)), f"{name}: first comment is the command"
+        assert f"experiment={name}" in first
         c = ecfg(name, tmp_path / name, smoke_data)
         extra = []
         if not str(c["model"]["ref"] or "").startswith("pkg:"):
