@@ -165,3 +165,20 @@ def test_preempted_training_job_is_requeued_and_resumes_from_its_checkpoint(slur
         assert Path(m["resumed_from"]).parent.name == "checkpoints"
     saved = torch.load(m["resumed_from"], map_location="cpu", weights_only=False)
     assert saved["global_step"] == m["resumed_at_step"]
+
+
+def test_one_override_sends_a_pipeline_training_stage_to_slurm(slurm_cluster, env, tmp_path):
+    from test_pipeline import TINY
+
+    out = tmp_path / "pipe"
+    launcher = (f"sbatch --wait --gpus-per-node=0 --cpus-per-task=1 --time=00:15:00 "
+                f"--output={env['ARBOR_OUTPUT_ROOT']}/pipe-%j.out slurm/train.sbatch")
+    res = subprocess.run([sys.executable, "-m", "arbor_train.pipeline", f"out={out}", *TINY,
+                          f"train.extractor.launcher='{launcher}'"],
+                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    stage = json.loads((out / "train_extractor" / "stage.json").read_text())
+    assert stage["argv"][:2] == ["sbatch", "--wait"] and stage["returncode"] == 0
+    m = json.loads((out / "train_extractor" / "run" / "final" / "metrics.json").read_text())
+    assert m["slurm"]["job_id"] and m["global_step"] == 2
+    assert (out / "bundles" / "extractor" / "manifest.json").exists() and (out / "report" / "report.md").exists()

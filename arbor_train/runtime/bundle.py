@@ -72,8 +72,10 @@ class Bundle:
     def sub(self, name: str | None) -> Path | None:
         return (self.path / name) if name else None
 
-    def load_model(self, prefer: str = "merged", base_override: str | None = None, device: str = "cpu"):
-        """Return (model, tokenizer) in eval mode: merged weights if present (and preferred), else base+adapter."""
+    def load_model(self, prefer: str = "merged", base_override: str | None = None, device: str = "cpu",
+                   merge: bool = True):
+        """Return (model, tokenizer) in eval mode: merged weights if present (and preferred), else base+adapter,
+        merged in memory (`merge=True`: no LoRA matmuls per layer at inference; False keeps the PeftModel)."""
         from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
         from ..modelref import resolve
@@ -102,6 +104,8 @@ class Bundle:
             if causal and len(tok) != base.get_input_embeddings().weight.shape[0]:
                 base.resize_token_embeddings(len(tok))
             model = PeftModel.from_pretrained(base, str(adapter))
+            if merge:
+                model = model.merge_and_unload()
         return model.to(device).eval(), tok
 
 

@@ -225,6 +225,10 @@ def build_extractor(spec, cache: dict) -> Extractor:
 
         b = load_bundle(spec["path"], role="extractor", base_model=spec.get("base_model"))
         model, tok = b.load_model(base_override=spec.get("base_override"))
+        if spec.get("dtype", "fp32") != "fp32":
+            from .llm import resolve_dtype
+
+            model = model.to(resolve_dtype(spec["dtype"], "cpu" if model.device.type == "cpu" else "cuda"))
         ex = LLMExtractor(HFCausalLM.from_parts(model, tok, name=f"bundle:{spec['path']}"),
                           spec.get("max_new_tokens", 256), kinds=b.manifest.get("kinds"))
     else:

@@ -1,0 +1,217 @@
+"""python -m arbor_train.pipeline [overrides]: the whole loop, one command.
+
+generate (formal, train, heldout) -> LoRA-tune reranker, tagger, extractor -> export three bundles ->
+evaluate on `formal`: baselines and ablations (heuristic components, whole set); heuristic vs tuned
+routers (whole set); heuristic vs untuned prompted small model vs tuned bundles with answers (the LLM
+subset) -> report (markdown, plots, an offline W&B run).
+
+Every stage is one command, printed before it runs and kept in `<out>/<stage>/stage.json`, so any number
+in the report can be reproduced by pasting it. A stage is skipped when its `stage.json` records the same
+fingerprint (its command and its inputs' fingerprints) and a clean finish; training stages write
+checkpoints into a fixed run dir, so an interrupted pipeline continues from them. Stages run as
+subprocesses: memory is returned between stages and a training stage can go to SLURM
+(`train.launcher="sbatch --wait ... slurm/train.sbatch"`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from .paths import CONF_DIR, REPO_ROOT
+
+FINGERPRINT_VERSION = 1
+
+
+class StageError(RuntimeError):
+    pass
+
+
+@dataclass
+class Stage:
+    name: str
+    argv: list[str]
+    deps: list[str] = field(default_factory=list)
+    what: str = ""
+
+    def command(self) -> str:
+        return shlex.join(self.argv)
+
+
+def _train_argv(c: dict, py: list[str], role: str, out: Path) -> list[str]:
+    t = c["train"][role]
+    args = [f"experiment={t['experiment']}", f"data.train_dir={out / 'data_train'}",
+            f"data.val_dir={out / 'data_heldout'}", f"run_dir={out / f'train_{role}' / 'run'}", *t["overrides"]]
+    launcher = t.get("launcher") or c["train"]["launcher"]
+    prefix = shlex.split(launcher) if launcher else [*py, "-m", "arbor_train.train"]
+    return [*prefix, *args]
+
+
+def plan(c: dict) -> list[Stage]:
+    """The stages, in order, with their commands (all paths absolute)."""
+    out = Path(c["out"]).resolve()
+    py = [c["python"] or sys.executable]
+    stages: list[Stage] = []
+    for name, d in c["data"].items():
+        if name == "workers":
+            continue
+        stages.append(Stage(f"data_{name}", [*py, "-m", "data_gen.branchmem", f"preset={d['preset']}",
+                                             f"seed={d['seed']}", f"out_dir={out / f'data_{name}'}",
+                                             "overwrite=true", f"workers={c['data']['workers']}"],
+                            what=f"BranchMemEval-style `{d['preset']}` set, seed {d['seed']}"))
+    for role in ("reranker", "tagger", "extractor"):
+        stages.append(Stage(f"train_{role}", _train_argv(c, py, role, out), ["data_train", "data_heldout"],
+                            what=f"LoRA {role} (`experiment={c['train'][role]['experiment']}`)"))
+        stages.append(Stage(f"export_{role}", [*py, "-m", "arbor_train.export",
+                                               f"run_dir={out / f'train_{role}' / 'run'}",
+                                               f"out={out / 'bundles' / role}", "overwrite=true"],
+                            [f"train_{role}"], what=f"{role} bundle"))
+    e = c["eval"]
+    formal = out / "data_formal"
+    common = [f"data_dir={formal}", f"budget={e['budget']}", f"wandb.project={c['wandb']['project']}"]
+    bundles = out / "bundles"
+    tuned_paths = [f"reranker.bundle.path={bundles / 'reranker'}", f"tagger.bundle.path={bundles / 'tagger'}",
+                   f"extractors.states.path={bundles / 'extractor'}"]
+    exports = ["export_reranker", "export_tagger", "export_extractor"]
+    for s in e["sets"]:
+        stages.append(Stage(f"eval_{s}", [*py, "-m", "eval.compare", s, *common, "--out", str(out / f"eval_{s}")],
+                            ["data_formal"], what=f"`{s}` with heuristic components, whole formal set"))
+    rows = {  # name -> (runtime profile, runtime overrides, deps)
+        "heuristic": ("default", [], []),
+        "untuned": (e["untuned_profile"], list(e["untuned_overrides"]), []),
+        "tuned": (e["tuned_profile"], [*tuned_paths, *e["tuned_overrides"]], exports),
+    }
+    # whole set, no answers: routing and retrieval; the tuned routers with heuristic extractors (LLM-free)
+    for row in ("heuristic", "tuned"):
+        prof, ov, deps = rows[row]
+        ov = [*ov, "extractors.states=heuristic"] if row == "tuned" else ov
+        stages.append(Stage(f"eval_full_{row}", [*py, "-m", "eval.run", *common, f"runtime_profile={prof}",
+                                                 _list("runtime_overrides", ov),
+                                                 f"run_dir={out / f'eval_full_{row}'}"], ["data_formal", *deps],
+                            what=f"{row} runtime, whole formal set" + (" (tuned reranker + tagger)" if deps else "")))
+    sub = [] if e["llm_sessions"] is None else [f"max_sessions={e['llm_sessions']}"]
+    for row, (prof, ov, deps) in rows.items():
+        stages.append(Stage(f"eval_llm_{row}", [*py, "-m", "eval.run", *common, *sub, f"runtime_profile={prof}",
+                                                _list("runtime_overrides", ov), f"answer_model={e['answer_model']}",
+                                                *e["answer_overrides"], f"run_dir={out / f'eval_llm_{row}'}"],
+                            ["data_formal", *deps], what=f"{row} runtime with answers, LLM subset"))
+    evals = [s.name for s in stages if s.name.startswith("eval_")]
+    stages.append(Stage("report", [*py, "-m", "arbor_train.report", f"out={out}",
+                                   f"wandb.enabled={c['wandb']['enabled']}", f"wandb.project={c['wandb']['project']}"],
+                        [*exports, *evals, "train_reranker", "train_tagger", "train_extractor"],
+                        what="report.md, plots, W&B run"))
+    return stages
+
+
+def _list(key: str, items: list[str]) -> str:
+    return f"{key}=[" + ",".join(f'"{i}"' for i in items) + "]"
+
+
+def fingerprint(stage: Stage, upstream: dict[str, str]) -> str:
+    blob = json.dumps({"v": FINGERPRINT_VERSION, "argv": stage.argv[1:], "deps": {d: upstream.get(d) for d in stage.deps}},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _state(out: Path, name: str) -> dict | None:
+    f = out / name / "stage.json"
+    try:
+        return json.loads(f.read_text()) if f.exists() else None
+    except json.JSONDecodeError:
+        return None
+
+
+def _run(stage: Stage, log: Path, echo: bool, env: dict) -> int:
+    """Run the stage's command; its output goes to `log` and, with echo, to the terminal as it comes."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as f:
+        f.write(f"\n$ {stage.command()}\n".encode())
+        proc = subprocess.Popen(stage.argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert proc.stdout is not None
+        while chunk := proc.stdout.read1(8192):
+            f.write(chunk)
+            f.flush()
+            if echo:
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.flush()
+        return proc.wait()
+
+
+def run_pipeline(cfg: DictConfig | dict) -> dict:
+    c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    out = Path(c["out"]).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    stages = plan(c)
+    names = [s.name for s in stages]
+    for key in ("only", "force"):
+        bad = [n for n in c[key] if n not in names and n != "all"]
+        if bad:
+            raise StageError(f"option {key}={bad}: unknown stage(s); stages are {', '.join(names)}")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE=os.environ.get("WANDB_MODE", c["wandb"]["mode"]),
+               ARBOR_OUTPUT_ROOT=os.environ.get("ARBOR_OUTPUT_ROOT", str(out.parent)))
+    fps: dict[str, str] = {}
+    timings: list[dict] = []
+    t_all = time.perf_counter()
+    print(f"[pipeline] {len(stages)} stages -> {out}", flush=True)
+    for i, st in enumerate(stages, 1):
+        fp = fingerprint(st, fps)
+        fps[st.name] = fp
+        prev = _state(out, st.name)
+        done = prev is not None and prev.get("fingerprint") == fp and prev.get("returncode") == 0
+        forced = st.name in c["force"] or "all" in c["force"]
+        skip = (done and not forced) or (c["only"] and st.name not in c["only"])
+        if skip:
+            if not done:
+                raise StageError(f"stage {st.name} has no finished output matching this configuration; "
+                                 f"run it (drop it from only=...) first")
+            print(f"[pipeline {i}/{len(stages)}] {st.name}: up to date (fingerprint {fp}, "
+                  f"{prev['wall_s']:.1f}s when it ran), skipped", flush=True)
+            timings.append({"stage": st.name, "wall_s": 0.0, "skipped": True, "ran_s": prev["wall_s"],
+                            "command": st.command(), "what": st.what})
+            continue
+        print(f"[pipeline {i}/{len(stages)}] {st.name}: {st.what}\n  $ {st.command()}", flush=True)
+        t0 = time.perf_counter()
+        rc = _run(st, out / "logs" / f"{st.name}.log", c["echo"], env)
+        wall = time.perf_counter() - t0
+        record = {"stage": st.name, "fingerprint": fp, "command": st.command(), "argv": st.argv, "what": st.what,
+                  "returncode": rc, "wall_s": round(wall, 1), "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        (out / st.name).mkdir(parents=True, exist_ok=True)
+        (out / st.name / "stage.json").write_text(json.dumps(record, indent=2))
+        if rc != 0:
+            tail = (out / "logs" / f"{st.name}.log").read_text(errors="replace").splitlines()[-25:]
+            raise StageError(f"stage {st.name} failed (exit {rc}); log {out / 'logs' / (st.name + '.log')}:\n"
+                             + "\n".join(tail) + f"\nrerun: python -m arbor_train.pipeline (finished stages are kept)")
+        print(f"[pipeline {i}/{len(stages)}] {st.name}: done in {wall:.1f}s", flush=True)
+        timings.append({"stage": st.name, "wall_s": round(wall, 1), "skipped": False, "command": st.command(),
+                        "what": st.what})
+    total = time.perf_counter() - t_all
+    summary = {"out": str(out), "total_s": round(total, 1), "stages": timings}
+    (out / "timings.json").write_text(json.dumps(summary, indent=2))
+    print("\n[pipeline] wall time per stage")
+    for t in timings:
+        print(f"  {t['stage']:<22} " + ("skipped" if t["skipped"] else f"{t['wall_s']:8.1f}s"))
+    print(f"  {'total':<22} {total:8.1f}s\n[pipeline] report: {out / 'report' / 'report.md'}", flush=True)
+    return summary
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="pipeline", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    try:
+        run_pipeline(cfg)
+    except StageError as e:
+        print(f"[pipeline] {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""The main job end to end on tiny models: every stage runs, the report is built from what they wrote,
+a rerun skips everything, and a changed option reruns only the stages downstream of it."""
+
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from arbor_train.paths import CONF_DIR
+from arbor_train.pipeline import StageError, plan, run_pipeline
+
+TINY = [
+    "echo=false", "wandb.enabled=false",
+    "data.formal.preset=smoke", "data.train.preset=smoke", "data.heldout.preset=smoke", "data.workers=1",
+    'train.reranker.overrides=["model=tiny_encoder","trainer.max_steps=4","logger=csv"]',
+    'train.tagger.overrides=["model=tiny_encoder","trainer.max_steps=4","logger=csv"]',
+    'train.extractor.overrides=["model=tiny_decoder","trainer.max_steps=2","task.gen_examples=2","logger=csv"]',
+    "eval.sets=[methods]", "eval.llm_sessions=1", "eval.untuned_profile=default", "eval.answer_model=none",
+    "eval.answer_overrides=[]",
+]
+
+
+def pcfg(out, *extra):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="pipeline", overrides=[f"out={out}", *TINY, *extra])
+
+
+def test_plan_names_every_stage_with_absolute_paths(tmp_path):
+    from omegaconf import OmegaConf
+
+    stages = plan(OmegaConf.to_container(pcfg(tmp_path / "p"), resolve=True))
+    names = [s.name for s in stages]
+    assert names[:3] == ["data_formal", "data_train", "data_heldout"] and names[-1] == "report"
+    assert {"train_reranker", "train_tagger", "train_extractor", "export_extractor", "eval_methods",
+            "eval_full_tuned", "eval_llm_untuned", "eval_llm_tuned"} <= set(names)
+    tuned = next(s for s in stages if s.name == "eval_llm_tuned")
+    assert f"reranker.bundle.path={tmp_path / 'p' / 'bundles' / 'reranker'}" in tuned.command()
+    assert set(tuned.deps) >= {"export_reranker", "export_tagger", "export_extractor"}
+
+
+def test_pipeline_runs_then_skips_then_reruns_only_downstream(tmp_path):
+    out = tmp_path / "p"
+    first = run_pipeline(pcfg(out))
+    assert not any(s["skipped"] for s in first["stages"])
+    report = (out / "report" / "report.md").read_text()
+    summary = json.loads((out / "report" / "summary.json").read_text())
+    assert summary["full"]["heuristic"]["questions"] > 0 and summary["llm"]["tuned"]["sessions"] == 1
+    assert "tuned bundles" in report and "eval.compare methods" in report and (out / "report" / "headline.png").exists()
+    for role in ("reranker", "tagger", "extractor"):
+        assert (out / "bundles" / role / "manifest.json").exists()
+    # every number in the report is backed by a stage command recorded next to its outputs
+    st = json.loads((out / "train_reranker" / "stage.json").read_text())
+    assert st["returncode"] == 0 and "experiment=reranker_minilm_cpu" in st["command"] and st["command"] in report
+
+    again = run_pipeline(pcfg(out))
+    assert all(s["skipped"] for s in again["stages"])
+
+    changed = run_pipeline(pcfg(out, "eval.budget=1024"))
+    ran = {s["stage"] for s in changed["stages"] if not s["skipped"]}
+    assert ran == {"eval_methods", "eval_full_heuristic", "eval_full_tuned", "eval_llm_heuristic",
+                   "eval_llm_untuned", "eval_llm_tuned", "report"}
+    assert json.loads((out / "eval_full_heuristic" / "results.json").read_text())["results"]["budget"] == 1024
+
+
+def test_bad_stage_names_and_failures_are_reported_and_keep_finished_stages(tmp_path):
+    out = tmp_path / "p"
+    with pytest.raises(StageError, match=r"force=\[.train_nothing.\]: unknown stage"):
+        run_pipeline(pcfg(out, "force=[train_nothing]"))
+    with pytest.raises(StageError, match=r"stage data_formal failed .*logs/data_formal.log"):
+        run_pipeline(pcfg(out, "data.formal.preset=no_such_preset"))
+    assert json.loads((out / "data_formal" / "stage.json").read_text())["returncode"] != 0
+    assert Path(out / "logs" / "data_formal.log").read_text().strip()
