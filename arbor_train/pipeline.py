@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -118,6 +119,8 @@ def _list(key: str, items: list[str]) -> str:
 
 
 def fingerprint(stage: Stage, upstream: dict[str, str]) -> str:
+    """The stage's command (less the interpreter path) and the identity of the outputs it reads: each
+    dependency's fingerprint and finish time, so a redone upstream stage makes its users stale."""
     blob = json.dumps({"v": FINGERPRINT_VERSION, "argv": stage.argv[1:], "deps": {d: upstream.get(d) for d in stage.deps}},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -165,7 +168,6 @@ def run_pipeline(cfg: DictConfig | dict) -> dict:
     print(f"[pipeline] {len(stages)} stages -> {out}", flush=True)
     for i, st in enumerate(stages, 1):
         fp = fingerprint(st, fps)
-        fps[st.name] = fp
         prev = _state(out, st.name)
         done = prev is not None and prev.get("fingerprint") == fp and prev.get("returncode") == 0
         forced = st.name in c["force"] or "all" in c["force"]
@@ -178,15 +180,24 @@ def run_pipeline(cfg: DictConfig | dict) -> dict:
                   f"{prev['wall_s']:.1f}s when it ran), skipped", flush=True)
             timings.append({"stage": st.name, "wall_s": 0.0, "skipped": True, "ran_s": prev["wall_s"],
                             "command": st.command(), "what": st.what})
+            fps[st.name] = f"{fp}@{prev['finished']}"
             continue
         print(f"[pipeline {i}/{len(stages)}] {st.name}: {st.what}\n  $ {st.command()}", flush=True)
+        stage_dir = out / st.name
+        if prev is not None and (prev.get("fingerprint") != fp or forced) and (stage_dir / "run").exists():
+            shutil.rmtree(stage_dir / "run")  # another configuration's checkpoints: start fresh, not resume
+        stage_dir.mkdir(parents=True, exist_ok=True)
+        # written before the command runs: an interrupted stage keeps its run dir and resumes next time
+        (stage_dir / "stage.json").write_text(json.dumps({"stage": st.name, "fingerprint": fp, "command": st.command(),
+                                                          "returncode": None, "wall_s": None}, indent=2))
         t0 = time.perf_counter()
         rc = _run(st, out / "logs" / f"{st.name}.log", c["echo"], env)
         wall = time.perf_counter() - t0
+        finished = time.strftime("%Y-%m-%dT%H:%M:%S") + f".{time.time_ns() % 10**9:09d}"
         record = {"stage": st.name, "fingerprint": fp, "command": st.command(), "argv": st.argv, "what": st.what,
-                  "returncode": rc, "wall_s": round(wall, 1), "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        (out / st.name).mkdir(parents=True, exist_ok=True)
-        (out / st.name / "stage.json").write_text(json.dumps(record, indent=2))
+                  "returncode": rc, "wall_s": round(wall, 1), "finished": finished}
+        (stage_dir / "stage.json").write_text(json.dumps(record, indent=2))
+        fps[st.name] = f"{fp}@{record['finished']}"
         if rc != 0:
             tail = (out / "logs" / f"{st.name}.log").read_text(errors="replace").splitlines()[-25:]
             raise StageError(f"stage {st.name} failed (exit {rc}); log {out / 'logs' / (st.name + '.log')}:\n"

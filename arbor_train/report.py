@@ -93,7 +93,8 @@ def headline_plot(full: dict, llm: dict, path: Path) -> Path:
 def build(out: Path) -> dict:
     rep = out / "report"
     rep.mkdir(parents=True, exist_ok=True)
-    stages = sorted((json.loads(p.read_text()) for p in out.glob("*/stage.json")), key=lambda s: s.get("finished", ""))
+    stages = sorted((s for s in (json.loads(p.read_text()) for p in out.glob("*/stage.json")) if s.get("finished")),
+                    key=lambda s: s["finished"])
     full = {r: _eval(out, f"eval_full_{r}") for r in ROWS}
     llm = {r: _eval(out, f"eval_llm_{r}") for r in ROWS}
     md = ["# ArborTrain pipeline report", ""]

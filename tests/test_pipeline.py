@@ -62,6 +62,17 @@ def test_pipeline_runs_then_skips_then_reruns_only_downstream(tmp_path):
                    "eval_llm_untuned", "eval_llm_tuned", "report"}
     assert json.loads((out / "eval_full_heuristic" / "results.json").read_text())["results"]["budget"] == 1024
 
+    redone = run_pipeline(pcfg(out, "eval.budget=1024", "force=[export_tagger]"))   # a redone stage makes its users stale
+    assert {s["stage"] for s in redone["stages"] if not s["skipped"]} == {
+        "export_tagger", "eval_full_tuned", "eval_llm_tuned", "report"}
+
+    # another learning rate: the old run's checkpoints are cleared, not resumed (resume would refuse them)
+    lr = run_pipeline(pcfg(out, "eval.budget=1024",
+                           'train.tagger.overrides=["model=tiny_encoder","trainer.max_steps=4","logger=csv","optim.lr=1e-3"]'))
+    assert {s["stage"] for s in lr["stages"] if not s["skipped"]} == {
+        "train_tagger", "export_tagger", "eval_full_tuned", "eval_llm_tuned", "report"}
+    assert json.loads((out / "train_tagger" / "run" / "final" / "metrics.json").read_text())["resumed_from"] is None
+
 
 def test_bad_stage_names_and_failures_are_reported_and_keep_finished_stages(tmp_path):
     out = tmp_path / "p"
