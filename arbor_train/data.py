@@ -144,6 +144,15 @@ def tag_examples(rows, tokenizer, labels: list[str], max_length: int) -> list[di
     return out
 
 
+def label_pos_weight(examples: list[dict], cap: float | None) -> list[float] | None:
+    """negatives/positives per label over the training examples, capped at `cap` (None: no weighting)."""
+    if not cap or not examples:
+        return None
+    n = len(examples)
+    pos = [sum(ex["labels"][j] for ex in examples) for j in range(len(examples[0]["labels"]))]
+    return [min(float(cap), (n - p) / p) if p else float(cap) for p in pos]
+
+
 def collate_tags(batch: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     from .packing import pad_sequences
 

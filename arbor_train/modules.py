@@ -132,22 +132,28 @@ class RerankerModule(_Base):
 
 
 class TaggerModule(_Base):
-    def __init__(self, model, cfg: dict, labels: list[str]):
+    def __init__(self, model, cfg: dict, labels: list[str], pos_weight: list[float] | None = None):
         super().__init__(model, cfg)
         self.labels = labels
+        # per-label weight of positives in the BCE loss (rare tags would otherwise never cross 0.5)
+        self.pos_weight = torch.tensor(pos_weight) if pos_weight else None
         self._val_pred: list[list[str]] = []
         self._val_gold: list[list[str]] = []
 
+    def _bce(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        w = self.pos_weight.to(logits.device) if self.pos_weight is not None else None
+        return F.binary_cross_entropy_with_logits(logits.float(), labels.float(), pos_weight=w)
+
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-        loss = F.binary_cross_entropy_with_logits(out.logits.float(), batch["labels"].float())
+        loss = self._bce(out.logits, batch["labels"])
         self._count_tokens(batch)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["labels"]))
         return loss
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-        loss = F.binary_cross_entropy_with_logits(out.logits.float(), batch["labels"].float())
+        loss = self._bce(out.logits, batch["labels"])
         self.log("val/loss", loss, prog_bar=True, batch_size=len(batch["labels"]))
         p = torch.sigmoid(out.logits.float()) >= 0.5
         for row_p, row_g in zip(p.tolist(), batch["labels"].tolist()):

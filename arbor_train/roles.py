@@ -94,7 +94,6 @@ def _build_tagger(c: dict) -> dict[str, Any]:
     labels = list(t["labels"])
     model, tok = build_encoder(c["model"], num_labels=len(labels), multilabel=True, seed=c["seed"])
     model = add_lora(model, c["peft"], c["model"], "SEQ_CLS", modules_to_save=list(c["model"]["head_modules"]))
-    module = TaggerModule(model, c, labels)
     pad = tok.pad_token_id
 
     def collate(b):
@@ -102,6 +101,7 @@ def _build_tagger(c: dict) -> dict[str, Any]:
 
     tr = D.tag_examples(_cap(tr_rows["tags"], dc.get("max_train_examples")), tok, labels, t["max_length"])
     va = D.tag_examples(_cap(va_rows["tags"], dc.get("max_val_examples")), tok, labels, t["max_length"])
+    module = TaggerModule(model, c, labels, D.label_pos_weight(tr, t.get("pos_weight_max")))
     return {"module": module, "tokenizer": tok, "labels": labels, "param_counts": param_counts(model),
             "train_loader": D.ResumableLoader(tr, t["batch_size"], collate, c["seed"]),
             "val_loader": D.ResumableLoader(va, t["batch_size"], collate, c["seed"], shuffle=False),

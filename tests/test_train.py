@@ -167,6 +167,24 @@ def test_tagger_and_extractor_roles_train(tmp_path, smoke_data):
     assert res["kinds"] == ["states"]
 
 
+def test_tagger_weights_rare_positive_labels():
+    import torch.nn.functional as F
+
+    from arbor_train.data import label_pos_weight
+    from arbor_train.modules import TaggerModule
+
+    exs = [{"labels": [1.0, 0.0, 0.0]}, {"labels": [1.0, 1.0, 0.0]}, {"labels": [0.0, 0.0, 0.0]},
+           {"labels": [1.0, 0.0, 0.0]}]
+    assert label_pos_weight(exs, 10.0) == [1 / 3, 3.0, 10.0]   # 3 of 4 positive; 1 of 4; none: the cap
+    assert label_pos_weight(exs, 2.0) == [1 / 3, 2.0, 2.0] and label_pos_weight(exs, None) is None
+    m = TaggerModule(torch.nn.Identity(), {"optim": {}}, ["a", "b", "c"], [1.0, 3.0, 10.0])
+    logits, y = torch.zeros(1, 3), torch.tensor([[0.0, 1.0, 1.0]])
+    # positives cost pos_weight * log 2 each at logit 0, negatives log 2
+    assert torch.isclose(m._bce(logits, y), torch.tensor((1 + 3 + 10) / 3 * 0.6931), atol=1e-3)
+    assert torch.isclose(TaggerModule(torch.nn.Identity(), {"optim": {}}, ["a", "b", "c"])._bce(logits, y),
+                         F.binary_cross_entropy_with_logits(logits, y))
+
+
 def test_two_process_cpu_ddp(tmp_path, smoke_data):
     run_dir = tmp_path / "ddp"
     env = dict(os.environ, ARBOR_OUTPUT_ROOT=str(tmp_path / "out"), PYTHONUNBUFFERED="1")
