@@ -40,6 +40,17 @@ def _train(out: Path, role: str) -> dict | None:
     return _json(out / f"train_{role}" / "run" / "final" / "metrics.json")
 
 
+def _rows_table(rows: dict, col: str, cell) -> list[str]:
+    """The heuristic / untuned / tuned rows present, with localization, gold, one extra column, seconds."""
+    lines = [f"| runtime | state localization: every turn | at questions | gold in context | {col} | s |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in ROWS:
+        if x := rows.get(r):
+            lines.append(f"| {ROW_LABEL[r]} | {_f(x.get(LOC[0]))} | {_f(x.get(LOC[1]))} | {_f(x.get('gold_in_context'))} "
+                         f"| {cell(x)} | {_f(x.get('seconds'), 0)} |")
+    return lines
+
+
 def verdicts(full: dict, llm: dict) -> list[str]:
     """Does the tuned row beat the heuristic and untuned rows? Measured, metric by metric."""
     lines = []
@@ -110,23 +121,11 @@ def build(out: Path) -> dict:
     md += [f"Whole formal set ({(full.get('heuristic') or {}).get('sessions', '—')} sessions, "
            f"{(full.get('heuristic') or {}).get('questions', '—')} questions), no answer model; the tuned row "
            "uses the tuned reranker and tagger with heuristic extractors (no LLM call per turn):", "",
-           "| runtime | state localization: every turn | at questions | gold in context | context tokens | s |",
-           "|---|---:|---:|---:|---:|---:|"]
-    for r in ROWS:
-        x = full.get(r)
-        if x:
-            md.append(f"| {ROW_LABEL[r]} | {_f(x.get(LOC[0]))} | {_f(x.get(LOC[1]))} | {_f(x.get('gold_in_context'))} "
-                      f"| {_f(x.get('context_tokens_mean'), 0)} | {_f(x.get('seconds'), 0)} |")
+           *_rows_table(full, "context tokens", lambda x: _f(x.get("context_tokens_mean"), 0))]
     md += ["", f"LLM subset: the first {sub.get('sessions', '—')} sessions ({sub.get('questions', '—')} questions) of "
            "the formal set, where every row's models run on every turn and SmolLM2-135M answers (the whole set: "
            "`eval.llm_sessions=null`, about 25x longer on this CPU):", "",
-           "| runtime | state localization: every turn | at questions | gold in context | answer accuracy | s |",
-           "|---|---:|---:|---:|---:|---:|"]
-    for r in ROWS:
-        x = llm.get(r)
-        if x:
-            md.append(f"| {ROW_LABEL[r]} | {_f(x.get(LOC[0]))} | {_f(x.get(LOC[1]))} | {_f(x.get('gold_in_context'))} "
-                      f"| {_f(x.get('accuracy'))} | {_f(x.get('seconds'), 0)} |")
+           *_rows_table(llm, "answer accuracy", lambda x: _f(x.get("accuracy")))]
     md += ["", *verdicts(full, llm), ""]
     pic = headline_plot(full, llm, rep / "headline.png")
     md += [f"![tuned vs heuristic vs untuned]({pic.name})", ""]

@@ -113,8 +113,9 @@ def build_trainer(cfg: dict, run_dir: Path, logger) -> L.Trainer:
 RESUME_KEYS = ("model", "peft", "task", "data", "optim", "seed")
 
 
-def resume_path(c: dict, run_dir: Path) -> str | None:
-    """The checkpoint to resume from: `resume=auto` takes the newest one in this run directory.
+def resume_path(c: dict, run_dir: Path) -> tuple[str, int] | None:
+    """The checkpoint to resume from and its global step: `resume=auto` takes the newest one in this run
+    directory.
 
     That is what a requeued SLURM job finds (same job id, same run directory): Lightning's `hpc_ckpt_*.ckpt`
     written on the requeue signal, or the last periodic checkpoint after a plain `scontrol requeue` or a
@@ -126,18 +127,19 @@ def resume_path(c: dict, run_dir: Path) -> str | None:
     if r != "auto":
         if not Path(r).exists():
             raise ConfigError(f"resume={r}: no such checkpoint")
-        return str(r)
+        return str(r), torch.load(r, map_location="cpu", weights_only=False, mmap=True)["global_step"]
     # step-*.ckpt rather than last.ckpt (a moving copy of the newest), so the path names what was resumed
     found = list(run_dir.glob("hpc_ckpt_*.ckpt")) + list((run_dir / "checkpoints").glob("step-*.ckpt"))
     if not found:
         return None
     newest = max(found, key=lambda p: p.stat().st_mtime)
-    saved = torch.load(newest, map_location="cpu", weights_only=False, mmap=True)["hyper_parameters"]["config"]
+    ck = torch.load(newest, map_location="cpu", weights_only=False, mmap=True)
+    saved = ck["hyper_parameters"]["config"]
     diff = [k for k in RESUME_KEYS if saved.get(k) != c.get(k)]
     if diff:
         raise ConfigError(f"run_dir {run_dir} holds checkpoint {newest.name} of a different configuration "
                           f"(differs in {', '.join(diff)}); choose another run_dir or set resume=null")
-    return str(newest)
+    return str(newest), ck["global_step"]
 
 
 def train(cfg: DictConfig | dict) -> dict:
@@ -149,7 +151,8 @@ def train(cfg: DictConfig | dict) -> dict:
     torch.set_num_threads(c["trainer"]["torch_threads"] or torch.get_num_threads())
     run_dir = Path(c["run_dir"])
     run_dir.mkdir(parents=True, exist_ok=True)
-    ckpt = resume_path(c, run_dir)
+    resume = resume_path(c, run_dir)
+    ckpt = resume[0] if resume else None
     if ckpt:
         log.info("resuming from %s (restart %s)", ckpt, os.environ.get("SLURM_RESTART_COUNT", "-"))
     built = roles.build(c)
@@ -164,8 +167,8 @@ def train(cfg: DictConfig | dict) -> dict:
     results: dict[str, Any] = {"run_dir": str(run_dir), **meta, "resumed_from": ckpt,
                                "slurm": {k: os.environ[f"SLURM_{k.upper()}"] for k in ("job_id", "restart_count")
                                          if f"SLURM_{k.upper()}" in os.environ}}
-    if ckpt:
-        results["resumed_at_step"] = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)["global_step"]
+    if resume:
+        results["resumed_at_step"] = resume[1]
     if c["task"].get("compare_baselines") and not ckpt:
         results["baselines"] = roles.baselines(c, built, trainer, val_loader)
     t0 = time.perf_counter()
