@@ -17,7 +17,8 @@ import torch
 from . import data as D
 from .models import add_lora, build_decoder, param_counts
 from .modules import _Base
-from .packing import build_sft_example, collate_packed, pack_examples, padding_fraction
+from .packing import (PACKED_ATTENTION, build_sft_example, collate_packed, pack_examples, packed_layout,
+                      padding_fraction, real_tokens, use_packed_attention)
 from .prompts import extract_messages, extract_target
 
 
@@ -51,15 +52,18 @@ class ExtractorModule(_Base):
         labels = batch["labels"]
         target = labels[:, 1:]
         keep = torch.nonzero((target != -100).any(0), as_tuple=False).squeeze(-1)  # positions predicting a label
-        out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                         position_ids=batch["position_ids"], use_cache=False, logits_to_keep=keep)
+        extra = {}
+        if "attention_mask" not in batch and self.model.config._attn_implementation == PACKED_ATTENTION:
+            extra["packed_seq_lens"] = batch["seq_lens"]  # one causal SDPA call per packed example
+        out = self.model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
+                         position_ids=batch["position_ids"], use_cache=False, logits_to_keep=keep, **extra)
         logits = out.logits.float()
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                                  target[:, keep].reshape(-1), ignore_index=-100)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)
-        self.tokens_seen += int((batch["input_ids"] != self.tokenizer.pad_token_id).sum())
+        self.tokens_seen += real_tokens(batch)
         self.padding.append(padding_fraction(batch))
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
         return loss
@@ -114,6 +118,10 @@ def build_extractor(c: dict) -> dict[str, Any]:
 
     tr_rows, va_rows = _rows(c, ["extraction"])
     model, tok = build_decoder(c["model"], seed=c["seed"])
+    layout = None
+    if t["packing"]:
+        impl = use_packed_attention(model) if t.get("packed_attention", True) else model.config._attn_implementation
+        layout = packed_layout(impl)
     if c["model"].get("gradient_checkpointing"):
         model.gradient_checkpointing_enable()
     model = add_lora(model, c["peft"], c["model"], "CAUSAL_LM")
@@ -129,7 +137,7 @@ def build_extractor(c: dict) -> dict[str, Any]:
         tr_items, va_items = pack_examples(tr, t["pack_length"]), pack_examples(va, t["pack_length"])
 
         def collate(b):
-            return collate_packed(b, pad, dtype)
+            return collate_packed(b, pad, dtype, layout)
     else:
         from .packing import collate_padded
 

@@ -38,6 +38,16 @@ How transformers 5 treats the 4D mask (checked in ``transformers/masking_utils.p
   over the whole row). Pad positions get ``position_ids == 0`` so that each pad token is its own
   one-token "sequence" under that rule as well.
 
+Packed attention without the dense mask (:data:`PACKED_ATTENTION`, the default for packed training):
+a 4D mask makes SDPA compute a full ``L x L`` score matrix per pack and leaves its causal fast path,
+so a 1,024-token pack of four examples pays four times the attention work of its examples. The
+attention function :func:`packed_sdpa_attention`, registered with transformers' ``AttentionInterface``
+under that name, runs SDPA with ``is_causal=True`` on each example's slice instead (``packed_seq_lens``
+is passed through the model's ``**kwargs`` down to every attention layer). Batches for it are built by
+:func:`collate_packed` with ``layout="segments"``: all packs of a batch laid end to end in one row, so
+there is no padding at all, and no mask. Without ``packed_seq_lens`` (generation, validation with a
+cache) the function is transformers' own SDPA, with the same masks.
+
 Losses: :func:`pack_examples` also sets the label of the first token of each packed example to
 ``-100`` (that label is never predicted in the unpacked case either, because causal-LM losses shift
 labels by one), so the model's built-in ``labels=`` loss, which shifts over a whole row, never
@@ -53,9 +63,14 @@ import torch
 import torch.nn.functional as F
 
 IGNORE_INDEX = -100
+PACKED_ATTENTION = "arbor_packed_sdpa"
 
 __all__ = [
     "IGNORE_INDEX",
+    "PACKED_ATTENTION",
+    "packed_sdpa_attention",
+    "use_packed_attention",
+    "real_tokens",
     "build_sft_example",
     "pack_examples",
     "collate_packed",
@@ -163,30 +178,112 @@ def block_causal_mask(
     return mask
 
 
-def collate_packed(packs: Sequence[dict], pad_id: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """Right-pad packs to the longest in the batch and build the block-diagonal causal mask.
+def collate_packed(
+    packs: Sequence[dict], pad_id: int, dtype: torch.dtype = torch.float32, layout: str = "dense"
+) -> dict[str, Any]:
+    """Collate packs for a causal LM. Returns ``input_ids``, ``labels`` (-100 on padding),
+    ``position_ids`` (restarting per example, 0 on padding) and ``seq_lens`` (per row, the example
+    lengths laid out from its start), plus, by ``layout``:
 
-    Returns ``{"input_ids", "labels", "attention_mask", "position_ids"}``: ``labels`` is ``-100`` on
-    padding, ``position_ids`` restart per example (0 on padding), and ``attention_mask`` is the
-    additive float 4D mask of :func:`block_causal_mask`, shape ``(B, 1, L, L)``. Pass
-    ``dtype`` = the model's dtype (transformers passes a 4D mask through unchanged, with no cast).
-    ``model(**batch)`` works as-is with eager/SDPA attention; for flash-attention drop
-    ``attention_mask``, keep ``position_ids`` and pass ``use_cache=False``.
+    - ``"dense"``: one pack per row, right-padded to the longest, and ``attention_mask`` the additive
+      float 4D mask of :func:`block_causal_mask`, shape ``(B, 1, L, L)`` -- for eager or SDPA attention.
+      Pass ``dtype`` = the model's dtype (transformers passes a 4D mask through unchanged, with no cast).
+    - ``"segments"``: every pack laid end to end in a single row (no padding, no mask) -- for
+      :data:`PACKED_ATTENTION` (pass ``packed_seq_lens=batch["seq_lens"]``) or flash-attention
+      (transformers finds the examples from ``position_ids``; pass ``use_cache=False``).
     """
     if not packs:
         raise ValueError("empty batch")
+    if layout not in ("dense", "segments"):
+        raise ValueError(f"layout must be 'dense' or 'segments', got {layout!r}")
     for b, p in enumerate(packs):
         if sum(p["seq_lens"]) != len(p["input_ids"]):
             raise ValueError(f"pack {b}: seq_lens sum to {sum(p['seq_lens'])}, not {len(p['input_ids'])}")
+    if layout == "segments":
+        packs = [{k: [x for p in packs for x in p[k]] for k in ("input_ids", "labels", "position_ids", "seq_lens")}]
     input_ids = pad_sequences([p["input_ids"] for p in packs], pad_id)
-    length = input_ids.shape[1]
-    position_ids = pad_sequences([p["position_ids"] for p in packs], 0)
-    return {
+    out: dict[str, Any] = {
         "input_ids": input_ids,
         "labels": pad_sequences([p["labels"] for p in packs], IGNORE_INDEX),
-        "attention_mask": block_causal_mask([p["seq_lens"] for p in packs], length, dtype),
-        "position_ids": position_ids,
+        "position_ids": pad_sequences([p["position_ids"] for p in packs], 0),
+        "seq_lens": [list(p["seq_lens"]) for p in packs],
     }
+    if layout == "dense":
+        out["attention_mask"] = block_causal_mask(out["seq_lens"], input_ids.shape[1], dtype)
+    return out
+
+
+def packed_sdpa_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    packed_seq_lens: Sequence[Sequence[int]] | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention function (registered as :data:`PACKED_ATTENTION`).
+
+    With ``packed_seq_lens`` (row ``b`` holds examples of these lengths from its start; any rest of the
+    row is padding, computed as one more segment) each example attends causally to itself only: one
+    ``is_causal`` SDPA call per example, so the work is the sum of the examples' squared lengths,
+    not the row's. Without it this is transformers' SDPA attention, mask and all.
+    Shapes as transformers passes them: ``query`` ``(B, heads, L, d)``; returns ``(B, L, heads, d)``.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if packed_seq_lens is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    bsz, _, length, _ = query.shape
+    if key.shape[2] != length:
+        raise ValueError(f"packed attention needs keys for exactly the {length} query positions (got {key.shape[2]}); "
+                         "call the model with use_cache=False and no past key values")
+    if len(packed_seq_lens) != bsz:
+        raise ValueError(f"packed_seq_lens has {len(packed_seq_lens)} rows for a batch of {bsz}")
+    rows = []
+    for b, lens in enumerate(packed_seq_lens):
+        total = sum(lens)
+        if total > length:
+            raise ValueError(f"row {b}: packed_seq_lens sum to {total} > sequence length {length}")
+        parts, start = [], 0
+        for n in [*lens, length - total] if total < length else lens:
+            part, _ = sdpa_attention_forward(module, query[b : b + 1, :, start : start + n],
+                                             key[b : b + 1, :, start : start + n],
+                                             value[b : b + 1, :, start : start + n], None, dropout=dropout,
+                                             scaling=scaling)
+            parts.append(part)
+            start += n
+        rows.append(torch.cat(parts, dim=1) if len(parts) > 1 else parts[0])
+    return (torch.cat(rows, dim=0) if bsz > 1 else rows[0]), None
+
+
+def use_packed_attention(model: Any) -> str:
+    """Register :func:`packed_sdpa_attention` and switch a model that runs SDPA to it.
+
+    Returns the model's attention implementation afterwards, which picks the batch layout:
+    :data:`PACKED_ATTENTION` and ``flash_attention_*`` take ``layout="segments"``, anything else
+    (eager, a user's choice) the ``"dense"`` 4D mask.
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(PACKED_ATTENTION, packed_sdpa_attention)
+    AttentionMaskInterface.register(PACKED_ATTENTION, sdpa_mask)  # generation: SDPA's own masks
+    impl = model.config._attn_implementation
+    if impl == "sdpa":
+        model.set_attn_implementation(PACKED_ATTENTION)
+        impl = model.config._attn_implementation
+    return impl
+
+
+def packed_layout(attn_implementation: str) -> str:
+    """The :func:`collate_packed` layout an attention implementation consumes."""
+    if attn_implementation == PACKED_ATTENTION or attn_implementation.startswith("flash_attention"):
+        return "segments"
+    return "dense"
 
 
 def pad_sequences(seqs: Sequence[Sequence[int]], value: int, left: bool = False) -> torch.Tensor:
@@ -258,3 +355,13 @@ def padding_fraction(batch: dict[str, torch.Tensor]) -> float:
     last = torch.where(supervised, idx, torch.full_like(idx, -1)).max(dim=1).values  # -1 if none
     n_pad = (length - 1 - last).sum().item()
     return float(n_pad) / float(bsz * length)
+
+
+def real_tokens(batch: dict[str, Any]) -> int:
+    """Non-padding tokens in a collated batch: the packs' ``seq_lens`` when present, else the 2D mask."""
+    if "seq_lens" in batch:
+        return sum(sum(lens) for lens in batch["seq_lens"])
+    mask = batch.get("attention_mask")
+    if mask is not None and mask.dim() == 2:
+        return int(mask.sum())
+    return int(round(batch["labels"].numel() * (1.0 - padding_fraction(batch))))

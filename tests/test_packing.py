@@ -226,3 +226,79 @@ def test_selective_logits_loss_equals_the_full_loss(tokenizer, examples):
     full = model(**batch).loss
     mod = ExtractorModule(model, {"optim": {}, "task": {}}, tokenizer, [])
     assert torch.allclose(mod._loss(batch), full, atol=1e-5)
+
+
+def _gqa_model(tokenizer):
+    """Two query heads sharing one key/value head (grouped-query attention, as in SmolLM2 and Qwen3)."""
+    model = _model(tokenizer, "sdpa")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(**{**model.config.to_dict(), "num_key_value_heads": 1})
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("gqa", [False, True])
+def test_packed_attention_segments_equal_unpacked(tokenizer, examples, gqa):
+    """PACKED_ATTENTION on the one-row "segments" layout gives each example its unpacked loss and gradient."""
+    from arbor_train.packing import PACKED_ATTENTION, use_packed_attention
+
+    model = _gqa_model(tokenizer) if gqa else _model(tokenizer, "sdpa")
+    pad_id = tokenizer.pad_token_id
+    packs = pack_examples(examples, max_length=PACK_LENGTH)
+    padded = collate_padded(examples, pad_id)
+    ref_out = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"])
+    ref = per_example_loss(ref_out.logits, padded["labels"])
+    ref.sum().backward()
+    ref_grad = model.model.layers[0].self_attn.q_proj.weight.grad.clone()
+    model.zero_grad()
+
+    assert use_packed_attention(model) == PACKED_ATTENTION
+    seg = collate_packed(packs, pad_id, layout="segments")
+    assert "attention_mask" not in seg and seg["input_ids"].shape == (1, sum(len(e["input_ids"]) for e in examples))
+    assert padding_fraction(seg) == 0.0
+    out = model(input_ids=seg["input_ids"], position_ids=seg["position_ids"], packed_seq_lens=seg["seq_lens"],
+                use_cache=False)
+    got = per_example_loss(out.logits, seg["labels"], seg["seq_lens"])
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=0)
+    got.sum().backward()
+    torch.testing.assert_close(model.model.layers[0].self_attn.q_proj.weight.grad, ref_grad, atol=1e-4, rtol=1e-4)
+
+    # the dense layout (one pack per row, trailing padding) through the same function: pad rows are a segment
+    dense = collate_packed(packs, pad_id)
+    with torch.no_grad():
+        out_dense = model(input_ids=dense["input_ids"], position_ids=dense["position_ids"],
+                          packed_seq_lens=dense["seq_lens"], use_cache=False)
+    torch.testing.assert_close(per_example_loss(out_dense.logits, dense["labels"], dense["seq_lens"]), ref,
+                               atol=1e-4, rtol=0)
+    # without packed_seq_lens the function is plain SDPA: a padded batch gives the same logits as before
+    with torch.no_grad():
+        again = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"]).logits
+    torch.testing.assert_close(again, ref_out.logits.detach(), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="sum to"):
+        model(input_ids=seg["input_ids"][:, :10], position_ids=seg["position_ids"][:, :10],
+              packed_seq_lens=seg["seq_lens"], use_cache=False)
+
+
+def test_packed_attention_generation_matches_sdpa(tokenizer):
+    """Validation generates with the training model: left-padded batched greedy decoding is unchanged."""
+    from arbor_train.packing import use_packed_attention
+
+    model = _gqa_model(tokenizer)
+    enc = tokenizer(["where is the venue", "budget"], return_tensors="pt", padding=True, padding_side="left",
+                    return_token_type_ids=False)
+    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    want = model.generate(**enc, **kw)
+    use_packed_attention(model)
+    torch.testing.assert_close(model.generate(**enc, **kw), want)
+
+
+def test_collate_packed_layout_errors(examples):
+    packs = pack_examples(examples, max_length=PACK_LENGTH)
+    with pytest.raises(ValueError, match="layout"):
+        collate_packed(packs, 0, layout="flat")
+    from arbor_train.packing import real_tokens
+
+    n = sum(len(e["input_ids"]) for e in examples)
+    assert real_tokens(collate_packed(packs, 0)) == real_tokens(collate_packed(packs, 0, layout="segments")) == n
+    assert real_tokens(collate_padded(examples, 0)) == n
