@@ -2,6 +2,7 @@
 
     python -m eval.bench target=runtime                       # ingest s/turn, query p50/p95 at 1k and 10k nodes
     python -m eval.bench target=runtime bench.sizes=[1000]    # quicker
+    python -m eval.bench target=train                         # extractor SFT step: ours vs HF Trainer + PEFT
 """
 
 from __future__ import annotations
@@ -132,71 +133,105 @@ def bench_runtime(cfg: DictConfig) -> dict:
     return results
 
 
+def _throughput(tokens: list[int], seconds: list[float], warmup: int, padding: list[float], **extra) -> dict:
+    """tokens/s over the timed steps (those after `warmup`), from per-step real tokens and wall times."""
+    if len(seconds) <= warmup:
+        raise ValueError(f"only {len(seconds)} steps ran, not more than bench_train.warmup_steps={warmup}: "
+                         "raise bench_train.examples (the data ran out) or lower warmup_steps")
+    tok, sec = sum(tokens[warmup : len(seconds)]), sum(seconds[warmup:])
+    return {"tokens_per_s": round(tok / sec, 1), "padding_fraction": round(statistics.mean(padding[: len(seconds)]), 4),
+            "timed_steps": len(seconds) - warmup, "timed_tokens": tok, "timed_seconds": round(sec, 2),
+            "step_seconds_median": round(statistics.median(seconds[warmup:]), 3), **extra}
+
+
 def bench_train(cfg: DictConfig) -> dict:
-    """Tokens/s and padding fraction of this toolkit's extractor training step (completion-only loss,
-    packed) against a plain Hugging Face Trainer + PEFT run (padded batches) on the same model and data."""
+    """Tokens/s and padding fraction of this toolkit's extractor training step (completion-only logits,
+    packing, one causal SDPA call per packed example) against a plain Hugging Face Trainer + PEFT run
+    (dynamically padded batches, the model's own loss) on the same model, LoRA config and data.
+
+    Each side's steps are timed by callbacks around the whole step (forward, backward, optimizer);
+    the first `warmup_steps` are left out; tokens are the real (non-padding) tokens of the timed steps.
+    """
     import lightning as L
     import torch
-    from transformers import DataCollatorForSeq2Seq, Trainer, TrainingArguments
+    from transformers import DataCollatorForSeq2Seq, Trainer, TrainerCallback, TrainingArguments
 
     from arbor_train import roles
+    from arbor_train.data import load_sets, select_rows
+    from arbor_train.extractor import sft_examples
     from arbor_train.models import add_lora, build_decoder
-    from arbor_train.packing import collate_padded, padding_fraction
+    from arbor_train.packing import padding_fraction, real_tokens
     from arbor_train.runtime.config import compose
 
     b = cfg.bench_train
+    steps, warmup = int(b.steps), int(b.warmup_steps)
+    if steps <= warmup:
+        raise ValueError(f"option bench_train.steps={steps} must exceed bench_train.warmup_steps={warmup}")
+    scratch = tempfile.TemporaryDirectory(prefix="arbor_bench_train_")
     over = [f"model={b.model}", "task=extractor_states", f"data.train_dir={b.data_dir}", "logger=csv",
             f"data.max_train_examples={b.examples}", "data.max_val_examples=8", f"task.batch_size={b.packs_per_batch}",
-            f"task.pack_length={b.pack_length}", f"task.max_length={b.max_length}", "run_dir=/tmp/arbor_bench_train"]
+            f"task.pack_length={b.pack_length}", f"task.max_length={b.max_length}", f"run_dir={scratch.name}/ours",
+            *list(b.get("overrides") or [])]
     c = OmegaConf.to_container(compose("train", over), resolve=True)
     torch.set_num_threads(int(b.threads))
-    res: dict = {"model": b.model, "steps": int(b.steps)}
+    res: dict = {"model": b.model, "steps": steps, "warmup_steps": warmup, "threads": int(b.threads)}
 
-    # ours: packed, completion-only loss, Lightning
+    def recording(collate, tokens: list, padding: list):
+        def wrapped(items):
+            out = collate(items)
+            tokens.append(real_tokens(out))
+            padding.append(padding_fraction(out))
+            return out
+        return wrapped
+
+    # ours: the extractor role as `python -m arbor_train.train` builds it, under Lightning
     built = roles.build(c)
     module, loader = built["module"], built["train_loader"]
-    loader.examples = loader.examples[: int(b.steps) * int(b.packs_per_batch)]
-    batches = [loader.collate(loader.examples[i : i + loader.batch_size])
-               for i in range(0, len(loader.examples), loader.batch_size)]
-    tokens = sum(int((x["labels"] != -100).sum()) for x in batches)
-    real = sum(int(len(x["input_ids"][0])) * len(x["input_ids"]) * (1 - padding_fraction(x)) for x in batches)
-    trainer = L.Trainer(max_steps=int(b.steps), logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        num_sanity_val_steps=0, limit_val_batches=0, enable_model_summary=False)
-    t0 = time.perf_counter()
+    ours_tok, ours_pad, ours_sec, t0 = [], [], [], [0.0]
+    loader.collate = recording(loader.collate, ours_tok, ours_pad)
+
+    class StepTimer(L.Callback):
+        def on_train_batch_start(self, *args):
+            t0[0] = time.perf_counter()
+
+        def on_train_batch_end(self, *args):
+            ours_sec.append(time.perf_counter() - t0[0])
+
+    trainer = L.Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        num_sanity_val_steps=0, limit_val_batches=0, enable_model_summary=False,
+                        callbacks=[StepTimer()])
     trainer.fit(module, loader)
-    dt = time.perf_counter() - t0
-    res["ours"] = {"tokens_per_s": round(real / dt, 1), "padding_fraction": round(
-        statistics.mean(padding_fraction(x) for x in batches), 4), "seconds": round(dt, 2),
-        "completion_tokens": tokens, "batch": f"{b.packs_per_batch} packs of <= {b.pack_length} tokens"}
+    res["ours"] = _throughput(ours_tok, ours_sec, warmup, ours_pad,
+                              batch=f"{b.packs_per_batch} pack(s) of <= {b.pack_length} tokens in one row",
+                              attention=module.model.config._attn_implementation)
+    del built, module, loader, trainer
 
-    # plain HF Trainer + PEFT: one example per row, padded per batch, same examples in the same order
-    from arbor_train.extractor import sft_examples
-    from arbor_train.data import load_sets, select_rows
-
+    # plain HF Trainer + PEFT: one example per row, padded per batch by DataCollatorForSeq2Seq
     rows = select_rows(load_sets(b.data_dir, ["extraction"])["extraction"], b.examples, c["task"]["nonempty_share"],
                        ["states"])
     model, tok = build_decoder(c["model"], seed=0)
     model = add_lora(model, c["peft"], c["model"], "CAUSAL_LM")
     exs, _, _ = sft_examples(rows, tok, ["states"], int(b.max_length))
-    per_dev = int(b.hf_batch_size)
-    hf_exs = exs[: int(b.steps) * per_dev]
-    collator = DataCollatorForSeq2Seq(tok, padding=True, label_pad_token_id=-100)
-    hf_batches = [collate_padded(hf_exs[i : i + per_dev], tok.pad_token_id) for i in range(0, len(hf_exs), per_dev)]
-    hf_real = sum(int(x["attention_mask"].sum()) for x in hf_batches)
-    args = TrainingArguments(output_dir="/tmp/arbor_bench_hf", per_device_train_batch_size=per_dev,
-                             max_steps=int(b.steps), learning_rate=1e-4, logging_steps=1000, save_strategy="no",
+    hf_tok, hf_pad, hf_sec = [], [], []
+    collator = recording(DataCollatorForSeq2Seq(tok, padding=True, label_pad_token_id=-100), hf_tok, hf_pad)
+
+    class HFStepTimer(TrainerCallback):
+        def on_step_begin(self, *args, **kwargs):
+            t0[0] = time.perf_counter()
+
+        def on_step_end(self, *args, **kwargs):
+            hf_sec.append(time.perf_counter() - t0[0])
+
+    args = TrainingArguments(output_dir=f"{scratch.name}/hf", per_device_train_batch_size=int(b.hf_batch_size),
+                             max_steps=steps, learning_rate=1e-4, logging_steps=1000, save_strategy="no",
                              report_to=[], use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
                              remove_unused_columns=False, seed=0)
-    data = [{"input_ids": x["input_ids"], "labels": x["labels"]} for x in hf_exs]
-    tr = Trainer(model=model, args=args, train_dataset=data, data_collator=collator)
-    t0 = time.perf_counter()
-    tr.train()
-    dt = time.perf_counter() - t0
-    res["hf_trainer_peft"] = {"tokens_per_s": round(hf_real / dt, 1), "padding_fraction": round(
-        statistics.mean(padding_fraction(x) for x in hf_batches), 4), "seconds": round(dt, 2),
-        "batch": f"{per_dev} padded examples"}
+    data = [{"input_ids": x["input_ids"], "labels": x["labels"]} for x in exs]
+    Trainer(model=model, args=args, train_dataset=data, data_collator=collator, callbacks=[HFStepTimer()]).train()
+    res["hf_trainer_peft"] = _throughput(hf_tok, hf_sec, warmup, hf_pad, batch=f"{b.hf_batch_size} padded examples",
+                                         attention=model.config._attn_implementation)
     res["speedup_tokens_per_s"] = round(res["ours"]["tokens_per_s"] / res["hf_trainer_peft"]["tokens_per_s"], 3)
-    res["hf_examples"] = len(hf_exs)
+    scratch.cleanup()
     return res
 
 
