@@ -66,3 +66,17 @@ def slurm_cluster(tmp_path_factory):
     cluster.start()
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def smoke_data(tmp_path_factory):
+    """The BranchMemEval smoke preset, generated once per test session (tests only read it)."""
+    from hydra import compose, initialize_config_dir
+
+    from arbor_train.paths import CONF_DIR
+    from data_gen.branchmem.__main__ import run
+
+    out = tmp_path_factory.mktemp("data") / "smoke"
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        run(compose(config_name="data_gen", overrides=["preset=smoke", f"out_dir={out}", "progress=false", "workers=1"]))
+    return out

@@ -32,18 +32,6 @@ def env(slurm_cluster, tmp_path_factory):
     return e
 
 
-@pytest.fixture(scope="module")
-def smoke_data(tmp_path_factory):
-    from hydra import compose, initialize_config_dir
-
-    from data_gen.branchmem.__main__ import run
-
-    out = tmp_path_factory.mktemp("data") / "smoke"
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        run(compose(config_name="data_gen", overrides=["preset=smoke", f"out_dir={out}", "progress=false", "workers=1"]))
-    return out
-
-
 def sbatch(env, *args) -> int:
     res = subprocess.run(["sbatch", "--parsable", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
