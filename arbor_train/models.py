@@ -7,7 +7,9 @@
       tokenizer: <model ref>     # tiny models borrow a shipped tokenizer
       tiny: {...} | null         # config kwargs of an in-process model (BertConfig / LlamaConfig)
       dtype: fp32 | bf16
+      attn_implementation: null  # transformers' default (sdpa) | eager | flash_attention_2 | ...
       lora_targets: [...]        # module names LoRA wraps (conf/peft reads them)
+      lora_target_parameters: [...]  # optional: nn.Parameter names LoRA wraps (fused MoE experts)
 """
 
 from __future__ import annotations
@@ -70,17 +72,22 @@ def build_decoder(mcfg: dict, seed: int = 0):
         if mcfg.get("device_map"):
             kwargs["device_map"] = mcfg["device_map"]  # accelerate: empty-weight init + placement
         model = AutoModelForCausalLM.from_pretrained(resolve(mcfg["ref"]), **kwargs)
+    if mcfg.get("attn_implementation"):  # e.g. flash_attention_2 on a GPU with flash-attn installed
+        model.set_attn_implementation(mcfg["attn_implementation"])
     return model, tok
 
 
 def add_lora(model, pcfg: dict, mcfg: dict, task_type: str, modules_to_save: list[str] | None = None):
-    """Wrap with PEFT LoRA on mcfg.lora_targets; everything else frozen (asserted in tests)."""
+    """Wrap with PEFT LoRA on mcfg.lora_targets (nn.Linear names) and mcfg.lora_target_parameters
+    (parameter names, for layers that hold weights as bare nn.Parameters, such as transformers 5's fused
+    MoE experts); everything else frozen (asserted in tests)."""
     from peft import LoraConfig, get_peft_model
 
     if not pcfg.get("enabled", True):
         return model
     cfg = LoraConfig(r=pcfg["r"], lora_alpha=pcfg["alpha"], lora_dropout=pcfg["dropout"],
                      target_modules=list(mcfg["lora_targets"]), modules_to_save=modules_to_save,
+                     target_parameters=list(mcfg.get("lora_target_parameters") or []) or None,
                      task_type=task_type, bias="none")
     return get_peft_model(model, cfg)
 

@@ -19,17 +19,6 @@ from arbor_train.paths import CONF_DIR, REPO_ROOT
 from arbor_train.train import ConfigError, check_combination, train
 
 
-@pytest.fixture(scope="module")
-def smoke_data(tmp_path_factory):
-    from data_gen.branchmem.__main__ import run
-
-    out = tmp_path_factory.mktemp("data") / "smoke"
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        run(compose(config_name="data_gen", overrides=["preset=smoke", f"out_dir={out}", "progress=false",
-                                                        "workers=1"]))
-    return out
-
-
 def tcfg(run_dir, data, *overrides):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="train", overrides=[
@@ -227,6 +216,52 @@ def test_every_experiment_config_composes_and_instantiates(tmp_path, smoke_data)
         check_combination(c)
         built = roles.build(c)
         assert built["param_counts"]["trainable"] > 0, name
+
+
+def test_qwen3_moe_lora_config_reaches_every_routed_expert():
+    """conf/model/qwen3_30b_a3b.yaml's LoRA targets on a tiny Qwen3-MoE of the same transformers class: the
+    fused expert parameters get LoRA (and gradients for every expert that routing picks), the router and
+    base weights stay frozen, and merging keeps the outputs."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from arbor_train.models import add_lora
+
+    mcfg = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "qwen3_30b_a3b.yaml"))
+    pcfg = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "peft" / "lora.yaml"))
+    assert "Qwen3MoeDecoderLayer" in mcfg["wrap_layers"]
+    torch.manual_seed(0)
+    n_exp = 4
+    cfg = Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                         num_experts=n_exp, num_experts_per_tok=n_exp, max_position_embeddings=64)
+    base = Qwen3MoeForCausalLM(cfg)
+    assert base.model.layers[0].mlp.experts.gate_up_proj.dim() == 3  # fused experts: no per-expert Linear
+    ids = torch.randint(0, 64, (2, 12))
+    with torch.no_grad():
+        base_out = base.eval()(input_ids=ids).logits
+    model = add_lora(base, {**pcfg, "dropout": 0.0}, mcfg, "CAUSAL_LM")
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    assert all("lora_" in n for n in trainable)
+    for layer in range(2):
+        assert any(f"layers.{layer}.mlp.experts" in n for n in trainable), f"layer {layer}: experts have no LoRA"
+        assert any(f"layers.{layer}.self_attn.q_proj" in n for n in trainable)
+    assert not any("mlp.gate." in n for n in trainable)  # the router stays frozen
+    # B starts at zero; give it values so the merged model differs from the base
+    with torch.no_grad():
+        for n, p in trainable.items():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    model.train()
+    model(input_ids=ids, labels=ids).loss.backward()
+    for n, p in trainable.items():
+        if "experts" in n:
+            assert p.grad is not None and p.grad.abs().sum() > 0, n
+    model.eval()
+    with torch.no_grad():
+        lora_out = model(input_ids=ids).logits
+        merged = model.merge_and_unload()(input_ids=ids).logits
+    assert not torch.allclose(lora_out, base_out, atol=1e-3)
+    torch.testing.assert_close(merged, lora_out, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("overrides, msg", [
