@@ -20,6 +20,7 @@ from .modules import _Base
 from .packing import (PACKED_ATTENTION, build_sft_example, collate_packed, pack_examples, packed_layout,
                       padding_fraction, real_tokens, use_packed_attention)
 from .prompts import extract_messages, extract_target
+from .wrap import through_root
 
 
 def sft_examples(rows, tokenizer, kinds: list[str], max_length: int) -> tuple[list[dict], list[dict], int]:
@@ -78,16 +79,21 @@ class ExtractorModule(_Base):
                 self.log(f"val/{k}", v)
 
     @torch.no_grad()
-    def generate_metrics(self) -> dict[str, Any]:
+    def generate_outputs(self, messages: list[list[dict]]) -> list[str]:
+        """Greedy completions of the held-out prompts (under FSDP, called through the root: wrap.through_root)."""
         from arbor_train.runtime.llm import HFCausalLM
 
+        llm = HFCausalLM.from_parts(self.model, self.tokenizer, batch_size=self.cfg["task"]["gen_batch_size"])
+        return llm.chat(messages, max_new_tokens=self.cfg["task"]["max_new_tokens"])
+
+    @torch.no_grad()
+    def generate_metrics(self) -> dict[str, Any]:
         from .metrics import fact_f1, json_validity, slot_f1
 
         if not self.gen_examples:
             return {}
         was_training = self.model.training
-        llm = HFCausalLM.from_parts(self.model, self.tokenizer, batch_size=self.cfg["task"]["gen_batch_size"])
-        outs = llm.chat([g["messages"] for g in self.gen_examples], max_new_tokens=self.cfg["task"]["max_new_tokens"])
+        outs = through_root(self, "generate_outputs", [g["messages"] for g in self.gen_examples])
         if was_training:
             self.model.train()
         m: dict[str, Any] = {"json_validity": json_validity(outs), "generated": len(outs)}

@@ -44,6 +44,17 @@ class _Base(L.LightningModule):
         sched = torch.optim.lr_scheduler.LambdaLR(opt, linear)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Lightning's FSDP precision plugin refuses norm clipping (it cannot see the sharded gradients):
+        there the wrapped FSDP module clips with its own all-reduced norm; elsewhere Lightning clips."""
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        if gradient_clip_val and isinstance(self.trainer.strategy, FSDPStrategy):
+            self.trainer.strategy.model.clip_grad_norm_(float(gradient_clip_val))
+            return
+        self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
+                            gradient_clip_algorithm=gradient_clip_algorithm)
+
     def on_train_epoch_start(self) -> None:
         # from_pretrained returns eval-mode modules and Lightning keeps modes as found: train here
         self.model.train()

@@ -133,11 +133,15 @@ def baselines(c: dict, built: dict, trainer, val_loader) -> dict[str, Any]:
     return out
 
 
-def finalize(c: dict, built: dict, module, run_dir: Path) -> dict[str, Any]:
-    """Save the final adapter, tokenizer and role extras where `python -m arbor_train.export` finds them."""
+def finalize(c: dict, built: dict, module, run_dir: Path, state_dict: dict | None = None) -> dict[str, Any]:
+    """Save the final adapter, tokenizer and role extras where `python -m arbor_train.export` finds them.
+    `state_dict`: the model's gathered full weights when its parameters are sharded (FSDP)."""
     final = run_dir / "final"
     final.mkdir(parents=True, exist_ok=True)
-    module.model.save_pretrained(str(final / "adapter"))
+    if state_dict is not None:
+        module.model.save_pretrained(str(final / "adapter"), state_dict=state_dict)
+    else:
+        module.model.save_pretrained(str(final / "adapter"))
     built["tokenizer"].save_pretrained(str(final / "tokenizer"))
     extra: dict[str, Any] = {"role": c["task"]["role"], "task": c["task"]["name"]}
     if c["task"]["role"] == "reranker":

@@ -47,6 +47,9 @@ def check_combination(cfg: dict) -> None:
                           f"got model={m['name']} (family {m['family']})")
     if cfg["task"]["role"] == "extractor" and m["family"] != "decoder":
         raise ConfigError(f"task={cfg['task']['name']} needs a decoder (causal LM) model, got model={m['name']}")
+    if cfg["peft"]["enabled"] and m.get("lora_target_parameters") and cfg["peft"]["dropout"]:
+        raise ConfigError(f"model={m['name']} puts LoRA on bare parameters (model.lora_target_parameters), which PEFT "
+                          f"supports only without dropout; set peft.dropout=0 (got {cfg['peft']['dropout']})")
     if not cfg["peft"]["enabled"] and m.get("params_b", 0) >= 1:
         raise ConfigError(f"full fine-tuning of model={m['name']} ({m['params_b']}B) is not configured; keep peft.enabled=true")
 
@@ -92,13 +95,9 @@ def build_trainer(cfg: dict, run_dir: Path, logger) -> L.Trainer:
         plugins.append(SLURMEnvironment(auto_requeue=True, requeue_signal=signal.SIGUSR1))
     strategy: Any = t["strategy"]
     if t["strategy_name"] == "fsdp":
-        from lightning.pytorch.strategies import FSDPStrategy
+        from .wrap import fsdp_strategy
 
-        from .wrap import fsdp_policy
-
-        strategy = FSDPStrategy(auto_wrap_policy=fsdp_policy(cfg["model"]), activation_checkpointing_policy=
-                                fsdp_policy(cfg["model"]) if cfg["model"].get("gradient_checkpointing") else None,
-                                sharding_strategy="FULL_SHARD")
+        strategy = fsdp_strategy(cfg["model"])
     return L.Trainer(
         accelerator=t["accelerator"], devices=t["devices"], num_nodes=t["num_nodes"], strategy=strategy,
         precision=t["precision"], max_steps=t["max_steps"], max_epochs=t["max_epochs"],
@@ -180,8 +179,11 @@ def train(cfg: DictConfig | dict) -> dict:
     results["tokens_per_s"] = round(module.tokens_seen / max(elapsed, 1e-9), 1)
     results["global_step"] = trainer.global_step
     results["world_size"] = trainer.world_size
+    from .wrap import gathered_state_dict
+
+    state_dict = gathered_state_dict(trainer)  # FSDP: every rank takes part, rank 0 gets the full weights
     if trainer.is_global_zero:
-        results.update(roles.finalize(c, built, module, run_dir))
+        results.update(roles.finalize(c, built, module, run_dir, state_dict))
         final = run_dir / "final"
         (final).mkdir(parents=True, exist_ok=True)
         (final / "metrics.json").write_text(json.dumps(results, indent=2, sort_keys=True, default=str))

@@ -219,15 +219,15 @@ def test_every_experiment_config_composes_and_instantiates(tmp_path, smoke_data)
 
 
 def test_qwen3_moe_lora_config_reaches_every_routed_expert():
-    """conf/model/qwen3_30b_a3b.yaml's LoRA targets on a tiny Qwen3-MoE of the same transformers class: the
+    """The Qwen3-30B-A3B experiment's model and LoRA config on a tiny Qwen3-MoE of the same transformers class: the
     fused expert parameters get LoRA (and gradients for every expert that routing picks), the router and
     base weights stay frozen, and merging keeps the outputs."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     from arbor_train.models import add_lora
 
-    mcfg = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "qwen3_30b_a3b.yaml"))
-    pcfg = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "peft" / "lora.yaml"))
+    c = ecfg("extractor_qwen3_30b_a3b_fsdp", "/tmp/unused", "/tmp/unused")
+    mcfg, pcfg = c["model"], c["peft"]
     assert "Qwen3MoeDecoderLayer" in mcfg["wrap_layers"]
     torch.manual_seed(0)
     n_exp = 4
@@ -239,7 +239,7 @@ def test_qwen3_moe_lora_config_reaches_every_routed_expert():
     ids = torch.randint(0, 64, (2, 12))
     with torch.no_grad():
         base_out = base.eval()(input_ids=ids).logits
-    model = add_lora(base, {**pcfg, "dropout": 0.0}, mcfg, "CAUSAL_LM")
+    model = add_lora(base, pcfg, mcfg, "CAUSAL_LM")
     trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
     assert all("lora_" in n for n in trainable)
     for layer in range(2):
@@ -270,6 +270,7 @@ def test_qwen3_moe_lora_config_reaches_every_routed_expert():
     (["task=extractor_states"], "needs a decoder"),
     (["model=tiny_decoder", "task=reranker"], "needs an encoder"),
     (["model=qwen3_4b", "task=extractor_states", "peft.enabled=false"], "full fine-tuning"),
+    (["model=qwen3_30b_a3b", "task=extractor_states", "peft.dropout=0.05"], "set peft.dropout=0"),
 ])
 def test_impossible_combinations_are_refused_before_work(tmp_path, smoke_data, overrides, msg):
     with pytest.raises(ConfigError, match=msg):
@@ -304,3 +305,30 @@ def test_real_small_models_train_a_few_steps(tmp_path, smoke_data, model, task):
                 tcfg(tmp_path / model, smoke_data, f"model={model}", f"task={task}", "trainer.max_steps=2",
                      "data.max_val_examples=16"))
     assert res["global_step"] == 2 and res["params"]["trainable"] < res["params"]["total"] / 5
+
+
+def test_fsdp_strategy_wraps_blocks_and_restores_lightnings_loader():
+    """FSDP itself needs GPUs (checked on an H200, see the README); here: the strategy's policy and that its
+    resume loader swap never leaks out of a load, even a failing one."""
+    import lightning.pytorch.strategies.fsdp as lfsdp
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeDecoderLayer
+
+    from arbor_train.wrap import fsdp_strategy, gathered_state_dict, through_root
+
+    mcfg = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "qwen3_30b_a3b.yaml"))
+    strategy = fsdp_strategy(mcfg)
+    assert isinstance(strategy, lfsdp.FSDPStrategy)
+    assert Qwen3MoeDecoderLayer in strategy.kwargs["auto_wrap_policy"]._module_classes
+    before = lfsdp._lazy_load
+    with pytest.raises(Exception):
+        strategy.load_checkpoint("/nonexistent/step-000001.ckpt")
+    assert lfsdp._lazy_load is before
+    assert gathered_state_dict(None) is None
+
+    class M:
+        _trainer = None
+
+        def twice(self, x):
+            return 2 * x
+
+    assert through_root(M(), "twice", 4) == 8
