@@ -140,7 +140,7 @@ def _throughput(tokens: list[int], seconds: list[float], warmup: int, padding: l
                          "raise bench_train.examples (the data ran out) or lower warmup_steps")
     tok, sec = sum(tokens[warmup : len(seconds)]), sum(seconds[warmup:])
     return {"tokens_per_s": round(tok / sec, 1), "padding_fraction": round(statistics.mean(padding[: len(seconds)]), 4),
-            "timed_steps": len(seconds) - warmup, "timed_tokens": tok, "timed_seconds": round(sec, 2),
+            "timed_steps": len(seconds) - warmup, "timed_tokens": tok, "timed_seconds": round(sec, 3),
             "step_seconds_median": round(statistics.median(seconds[warmup:]), 3), **extra}
 
 
@@ -202,7 +202,8 @@ def bench_train(cfg: DictConfig) -> dict:
                         callbacks=[StepTimer()])
     trainer.fit(module, loader)
     res["ours"] = _throughput(ours_tok, ours_sec, warmup, ours_pad,
-                              batch=f"{b.packs_per_batch} pack(s) of <= {b.pack_length} tokens in one row",
+                              batch=(f"{c['task']['batch_size']} pack(s) of <= {c['task']['pack_length']} tokens"
+                                     if c["task"]["packing"] else f"{c['task']['batch_size']} padded examples"),
                               attention=module.model.config._attn_implementation)
     del built, module, loader, trainer
 
