@@ -146,7 +146,7 @@ def _throughput(tokens: list[int], seconds: list[float], warmup: int, padding: l
 
 def bench_train(cfg: DictConfig) -> dict:
     """Tokens/s and padding fraction of this toolkit's extractor training step (completion-only logits,
-    packing, one causal SDPA call per packed example) against a plain Hugging Face Trainer + PEFT run
+    packing, attention within each packed example: arbor_train/packing.py) against a plain Hugging Face Trainer + PEFT run
     (dynamically padded batches, the model's own loss) on the same model, LoRA config and data.
 
     Each side's steps are timed by callbacks around the whole step (forward, backward, optimizer);
