@@ -55,7 +55,7 @@ class ExtractorModule(_Base):
         keep = torch.nonzero((target != -100).any(0), as_tuple=False).squeeze(-1)  # positions predicting a label
         extra = {}
         if "attention_mask" not in batch and self.model.config._attn_implementation == PACKED_ATTENTION:
-            extra["packed_seq_lens"] = batch["seq_lens"]  # one causal SDPA call per packed example
+            extra["packed_seq_lens"] = batch["seq_lens"]  # attention within each packed example
         out = self.model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
                          position_ids=batch["position_ids"], use_cache=False, logits_to_keep=keep, **extra)
         logits = out.logits.float()

@@ -47,9 +47,9 @@ class _Base(L.LightningModule):
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Lightning's FSDP precision plugin refuses norm clipping (it cannot see the sharded gradients):
         there the wrapped FSDP module clips with its own all-reduced norm; elsewhere Lightning clips."""
-        from lightning.pytorch.strategies import FSDPStrategy
+        from .wrap import is_fsdp
 
-        if gradient_clip_val and isinstance(self.trainer.strategy, FSDPStrategy):
+        if gradient_clip_val and is_fsdp(self.trainer):
             self.trainer.strategy.model.clip_grad_norm_(float(gradient_clip_val))
             return
         self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,

@@ -60,6 +60,7 @@ therefore equals that of the padded batch for the same examples.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import torch
@@ -277,13 +278,10 @@ def _varlen_kernel(query: torch.Tensor):
     (the CPU, fp32, older PyTorch): then the per-example loop runs."""
     if not query.is_cuda or query.dtype not in (torch.float16, torch.bfloat16) or query.shape[-1] > 256:
         return None
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
+    found = _varlen_attn()
+    if found is None:
         return None
-    import inspect
-
-    params = inspect.signature(varlen_attn).parameters
+    varlen_attn, params = found
 
     def run(module, query, key, value, segments, scaling):
         bsz, heads, length, dim = query.shape
@@ -313,6 +311,19 @@ def _varlen_kernel(query: torch.Tensor):
         return out.reshape(bsz, length, heads, value.shape[-1])
 
     return run
+
+
+@functools.cache
+def _varlen_attn() -> tuple[Any, frozenset[str]] | None:
+    """PyTorch's ``varlen_attn`` and its keyword names (they changed between releases), looked up once,
+    not in every attention layer of every step; None before PyTorch 2.10."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    import inspect
+
+    return varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)
 
 
 def use_packed_attention(model: Any) -> str:

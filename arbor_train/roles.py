@@ -138,10 +138,7 @@ def finalize(c: dict, built: dict, module, run_dir: Path, state_dict: dict | Non
     `state_dict`: the model's gathered full weights when its parameters are sharded (FSDP)."""
     final = run_dir / "final"
     final.mkdir(parents=True, exist_ok=True)
-    if state_dict is not None:
-        module.model.save_pretrained(str(final / "adapter"), state_dict=state_dict)
-    else:
-        module.model.save_pretrained(str(final / "adapter"))
+    module.model.save_pretrained(str(final / "adapter"), state_dict=state_dict)  # None: the module's own
     built["tokenizer"].save_pretrained(str(final / "tokenizer"))
     extra: dict[str, Any] = {"role": c["task"]["role"], "task": c["task"]["name"]}
     if c["task"]["role"] == "reranker":
