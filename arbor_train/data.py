@@ -161,24 +161,55 @@ def collate_tags(batch: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
             "labels": torch.tensor([ex["labels"] for ex in batch])}
 
 
-class ResumableLoader:
-    """A seeded, shuffling batch loader with `state_dict`/`load_state_dict`, so a checkpoint taken in
-    the middle of an epoch resumes with exactly the next batch (Lightning saves and restores it).
+def world() -> tuple[int, int]:
+    """(rank, world size) of this process: torch.distributed's once a process group is up (Lightning
+    sets it up under DDP/FSDP before the first batch), else (0, 1)."""
+    import torch.distributed as dist
 
-    The state counts batches handed to the training step (`consumed`), not batches prefetched.
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class ResumableLoader:
+    """A seeded, shuffling batch loader, sharded by rank, with `state_dict`/`load_state_dict`, so a
+    checkpoint taken in the middle of an epoch resumes with exactly the next batch on every rank
+    (Lightning saves and restores it; it is a plain iterable, so Lightning adds no sampler of its own).
+
+    Sharding (`shard=True`): every rank draws the same seeded order of the epoch and deals it out one
+    global batch (world x batch_size examples) at a time; rank r takes the r-th batch_size slice of each.
+    So the ranks' shares are disjoint, their union is the whole epoch, and rank r's k-th batch is the
+    (k x world + r)-th batch of a one-process run of the same seed. The short last global batch is split
+    evenly over the ranks (when it holds fewer examples than ranks, they go one each into the batches
+    before it), so every rank makes the same number of steps and no example is repeated or lost
+    (`drop_last=True` drops it instead). Rank and world size come from torch.distributed when the
+    loader is iterated, unless given.
+
+    The state counts batches handed out in the current epoch (`consumed`) and the epoch; both are the
+    same on every rank, so the rank-0 checkpoint resumes every rank.
     """
 
     def __init__(self, examples: list, batch_size: int, collate: Callable, seed: int, shuffle: bool = True,
-                 drop_last: bool = False):
+                 drop_last: bool = False, shard: bool = True, rank: int | None = None,
+                 world_size: int | None = None):
+        if batch_size < 1:
+            raise ValueError(f"option task.batch_size must be >= 1, got {batch_size}")
         self.examples, self.batch_size, self.collate = examples, batch_size, collate
-        self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
+        self.seed, self.shuffle, self.drop_last, self.shard = seed, shuffle, drop_last, shard
+        self.rank, self.world_size = rank, world_size
         self.epoch = 0
-        self.consumed = 0        # batches of the current epoch already trained on
+        self.consumed = 0        # batches of the current epoch already handed out
         self._resume_at = 0
 
+    def _world(self) -> tuple[int, int]:
+        if not self.shard:
+            return 0, 1
+        if self.rank is not None and self.world_size is not None:
+            return self.rank, self.world_size
+        return world()
+
     def __len__(self) -> int:
-        n = len(self.examples)
-        return n // self.batch_size if self.drop_last else (n + self.batch_size - 1) // self.batch_size
+        return len(self.batches(self.epoch))
 
     def _order(self, epoch: int) -> list[int]:
         idx = list(range(len(self.examples)))
@@ -186,14 +217,33 @@ class ResumableLoader:
             random.Random(self.seed * 1_000_003 + epoch).shuffle(idx)
         return idx
 
+    def batches(self, epoch: int, rank: int | None = None) -> list[list[int]]:
+        """This rank's batches of `epoch`, as example indices (the same on every call)."""
+        r, w = self._world()
+        r = r if rank is None else rank
+        if len(self.examples) < w:
+            raise ValueError(f"{len(self.examples)} training item(s) for {w} ranks: every rank needs at least one "
+                             f"(more data, or fewer trainer.devices)")
+        order, step = self._order(epoch), w * self.batch_size
+        n_full, rest = divmod(len(order), step)
+        out = [order[k * step + r * self.batch_size : k * step + (r + 1) * self.batch_size] for k in range(n_full)]
+        if rest and not self.drop_last:
+            tail = order[n_full * step :]
+            if rest >= w or not out:   # split evenly: the first rest % w ranks get one more
+                q, m = divmod(rest, w)
+                lo = r * q + min(r, m)
+                out.append(tail[lo : lo + q + (r < m)])
+            elif r < rest:             # fewer than one each: into the batches before
+                out[-1] = out[-1] + [tail[r]]
+        return out
+
     def __iter__(self):
-        order = self._order(self.epoch)
+        batches = self.batches(self.epoch)
         start = self._resume_at
         self._resume_at = 0
-        for b in range(start, len(self)):
+        for b in range(start, len(batches)):
             self.consumed = b + 1
-            chunk = order[b * self.batch_size : (b + 1) * self.batch_size]
-            yield self.collate([self.examples[i] for i in chunk])
+            yield self.collate([self.examples[i] for i in batches[b]])
         self.epoch += 1
         self.consumed = 0
 

@@ -15,30 +15,13 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from . import __version__
+from . import __version__, roles
 from .paths import CONF_DIR
-from .prompts import EXTRACT_TEMPLATE, RERANK_TEMPLATE, TAG_TEMPLATE, PROMPT_VERSION
-
-KIND = {("reranker", "encoder"): "cross_encoder", ("reranker", "decoder"): "llm_scorer",
-        ("extractor", "decoder"): "causal_lm", ("tagger", "encoder"): "encoder_multilabel",
-        ("tagger", "decoder"): "causal_lm"}
-TEMPLATE = {"cross_encoder": {"name": "cross_encoder_pair", "version": PROMPT_VERSION},
-            "llm_scorer": RERANK_TEMPLATE.to_json(), "encoder_multilabel": {"name": "encoder_multilabel",
-                                                                          "version": PROMPT_VERSION}}
 
 
-def _load_base(train_cfg: dict, role: dict):
+def load_base(train_cfg: dict, role_json: dict):
     """Rebuild the untrained base exactly as training did (same seed: same head init, same tiny model)."""
-    from .models import build_decoder, build_encoder
-
-    m = train_cfg["model"]
-    if m["family"] == "encoder":
-        labels = role.get("labels")
-        model, _ = build_encoder(m, num_labels=len(labels) if labels else 1, multilabel=bool(labels),
-                                 seed=train_cfg["seed"])
-    else:
-        model, _ = build_decoder(m, seed=train_cfg["seed"])
-    return model
+    return roles.get(role_json["role"]).load_base(train_cfg, role_json)
 
 
 def export(run_dir: str | Path, out: str | Path, merged: bool | None = None, overwrite: bool = False,
@@ -54,7 +37,8 @@ def export(run_dir: str | Path, out: str | Path, merged: bool | None = None, ove
     role = json.loads((final / "role.json").read_text())
     metrics = json.loads((final / "metrics.json").read_text())
     m = train_cfg["model"]
-    kind = KIND[(role["role"], m["family"])]
+    r = roles.get(role["role"])
+    kind = r.bundle_kind(m["family"])
     tiny = bool(m.get("tiny"))
     merged = tiny if merged is None else (merged or tiny)  # an in-process base exists nowhere else: merge it
     tmp = out.with_name(out.name + ".tmp")
@@ -65,14 +49,13 @@ def export(run_dir: str | Path, out: str | Path, merged: bool | None = None, ove
     if merged:
         from peft import PeftModel
 
-        model = PeftModel.from_pretrained(_load_base(train_cfg, role), str(final / "adapter"))
+        model = PeftModel.from_pretrained(load_base(train_cfg, role), str(final / "adapter"))
         model.merge_and_unload().save_pretrained(str(tmp / "merged"), safe_serialization=True)
     manifest = {
         "role": role["role"], "kind": kind,
         "base_model": {"ref": m["ref"] or f"inline:{m['name']}", "name": m["name"], "seed": train_cfg["seed"]},
         "adapter": "adapter", "merged": "merged" if merged else None, "tokenizer": "tokenizer",
-        "prompt_template": TEMPLATE.get(kind) or (EXTRACT_TEMPLATE.to_json() if role["role"] == "extractor"
-                                                  else TAG_TEMPLATE.to_json()),
+        "prompt_template": r.prompt_template(kind),
         "max_length": train_cfg["task"].get("max_length", 256),
         "metrics": metrics.get("metrics", {}), "baselines": metrics.get("baselines", {}),
         "data_fingerprint": metrics["data_fingerprint"],
@@ -80,27 +63,26 @@ def export(run_dir: str | Path, out: str | Path, merged: bool | None = None, ove
         "arbor_train_version": __version__, "git_commit": metrics.get("git_commit", "unknown"),
         "training_run": str(run_dir),
     }
-    for key in ("labels", "kinds", "new_root_threshold"):
-        if key in role:
-            manifest[key] = role[key]
+    manifest.update({k: v for k, v in role.items() if k not in ("role", "task")})  # the role's extras
     from .runtime.bundle import write_manifest
 
     write_manifest(tmp, manifest)
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
-    if log_artifact and train_cfg.get("logger", {}).get("kind") == "wandb":
-        _log_wandb_artifact(out, manifest, train_cfg)
+    wandb_cfg = (train_cfg.get("logger") or {}).get("wandb")
+    if log_artifact and wandb_cfg:
+        _log_wandb_artifact(out, manifest, wandb_cfg)
     return out
 
 
-def _log_wandb_artifact(out: Path, manifest: dict, train_cfg: dict) -> None:
+def _log_wandb_artifact(out: Path, manifest: dict, wandb_cfg: dict) -> None:
     import os
 
     import wandb
 
-    mode = os.environ.get("WANDB_MODE", train_cfg["logger"].get("mode", "offline"))
-    run = wandb.init(project=train_cfg["logger"]["project"], job_type="export", mode=mode,
+    mode = os.environ.get("WANDB_MODE", wandb_cfg.get("mode", "offline"))
+    run = wandb.init(project=wandb_cfg["project"], job_type="export", mode=mode,
                      dir=str(out.parent), name=f"export-{out.name}", reinit=True)
     art = wandb.Artifact(name=f"{manifest['role']}-{manifest['base_model']['name']}", type="router-bundle",
                          metadata={k: manifest[k] for k in ("role", "kind", "base_model", "metrics", "data_fingerprint")})

@@ -118,7 +118,7 @@ def _prf(tp: int, n_pred: int, n_gold: int) -> tuple[float, float, float]:
     return precision, recall, f1
 
 
-def _multiset_counts(pred: Iterable[Hashable], gold: Iterable[Hashable]) -> tuple[int, int, int]:
+def multiset_counts(pred: Iterable[Hashable], gold: Iterable[Hashable]) -> tuple[int, int, int]:
     """(overlap, #pred, #gold) of two multisets."""
     p, g = Counter(pred), Counter(gold)
     return sum((p & g).values()), sum(p.values()), sum(g.values())
@@ -257,12 +257,12 @@ def slot_f1(pred: list[list[dict]], gold: list[list[dict]]) -> dict:
     for p_slots, g_slots in zip(pred, gold):
         p_keys = [_slot_key(s) for s in p_slots]
         g_keys = [_slot_key(s) for s in g_slots]
-        tp, n_p, n_g = _multiset_counts(p_keys, g_keys)
+        tp, n_p, n_g = multiset_counts(p_keys, g_keys)
         key_tp, key_np, key_ng = key_tp + tp, key_np + n_p, key_ng + n_g
 
         p_pairs = [(k, normalize_value(s.get("value"))) for k, s in zip(p_keys, p_slots)]
         g_pairs = [(k, normalize_value(s.get("value"))) for k, s in zip(g_keys, g_slots)]
-        tp, n_p, n_g = _multiset_counts(p_pairs, g_pairs)
+        tp, n_p, n_g = multiset_counts(p_pairs, g_pairs)
         val_tp, val_np, val_ng = val_tp + tp, val_np + n_p, val_ng + n_g
 
     kp, kr, kf = _prf(key_tp, key_np, key_ng)

@@ -233,7 +233,7 @@ def packed_sdpa_attention(
     With ``packed_seq_lens`` (row ``b`` holds examples of these lengths from its start; any rest of the
     row is padding, computed as one more segment) each example attends causally to itself only, so
     the work is the sum of the examples' squared lengths, not the row's: on a GPU in bf16/fp16 one
-    variable-length flash-attention kernel (:func:`_varlen_kernel`), elsewhere one ``is_causal`` SDPA
+    variable-length flash-attention kernel (:func:`varlen_kernel`), elsewhere one ``is_causal`` SDPA
     call per example. Without it this is transformers' SDPA attention, mask and all.
     Shapes as transformers passes them: ``query`` ``(B, heads, L, d)``; returns ``(B, L, heads, d)``.
     """
@@ -254,7 +254,7 @@ def packed_sdpa_attention(
         if total > length:
             raise ValueError(f"row {b}: packed_seq_lens sum to {total} > sequence length {length}")
         segments.append([*lens, length - total] if total < length else list(lens))
-    varlen = _varlen_kernel(query)
+    varlen = varlen_kernel(query)
     if varlen is not None:
         return varlen(module, query, key, value, segments, scaling), None
     rows = []
@@ -271,7 +271,7 @@ def packed_sdpa_attention(
     return (torch.cat(rows, dim=0) if bsz > 1 else rows[0]), None
 
 
-def _varlen_kernel(query: torch.Tensor):
+def varlen_kernel(query: torch.Tensor):
     """On a GPU in half precision, PyTorch's variable-length flash attention (``torch.nn.attention.varlen``,
     PyTorch >= 2.10) does all examples in one kernel: one SDPA call per example is thousands of small
     launches per step there (measured on an H200: 4x slower than padding). None where it does not apply

@@ -29,6 +29,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from . import roles
 from .paths import CONF_DIR, REPO_ROOT
 
 FINGERPRINT_VERSION = 1
@@ -58,6 +59,24 @@ def _train_argv(c: dict, py: list[str], role: str, out: Path) -> list[str]:
     return [*prefix, *args]
 
 
+def train_roles(c: dict) -> dict[str, dict]:
+    """role -> the `task` node its experiment trains (composed as the training stage will compose it), for
+    every role under `train:` (the keys other than `launcher`), in order."""
+    from arbor_train.runtime.config import compose
+
+    out = {}
+    for role, t in c["train"].items():
+        if role == "launcher":
+            continue
+        roles.get(role)  # a known role, or a clear error naming it
+        cfg = compose("train", [f"experiment={t['experiment']}", *t["overrides"]])
+        out[role] = OmegaConf.to_container(cfg.task, resolve=True)
+        if out[role]["role"] != role:
+            raise StageError(f"option train.{role}.experiment={t['experiment']} trains role {out[role]['role']!r}, "
+                             f"not {role!r}")
+    return out
+
+
 def plan(c: dict) -> list[Stage]:
     """The stages, in order, with their commands (all paths absolute)."""
     out = Path(c["out"]).resolve()
@@ -70,7 +89,8 @@ def plan(c: dict) -> list[Stage]:
                                              f"seed={d['seed']}", f"out_dir={out / f'data_{name}'}",
                                              "overwrite=true", f"workers={c['data']['workers']}"],
                             what=f"BranchMemEval-style `{d['preset']}` set, seed {d['seed']}"))
-    for role in ("reranker", "tagger", "extractor"):
+    trained = train_roles(c)
+    for role in trained:
         stages.append(Stage(f"train_{role}", _train_argv(c, py, role, out), ["data_train", "data_heldout"],
                             what=f"LoRA {role} (`experiment={c['train'][role]['experiment']}`)"))
         stages.append(Stage(f"export_{role}", [*py, "-m", "arbor_train.export",
@@ -81,9 +101,9 @@ def plan(c: dict) -> list[Stage]:
     formal = out / "data_formal"
     common = [f"data_dir={formal}", f"budget={e['budget']}", f"wandb.project={c['wandb']['project']}"]
     bundles = out / "bundles"
-    tuned_paths = [f"reranker.bundle.path={bundles / 'reranker'}", f"tagger.bundle.path={bundles / 'tagger'}",
-                   f"extractors.states.path={bundles / 'extractor'}"]
-    exports = ["export_reranker", "export_tagger", "export_extractor"]
+    tuned_paths = [o for role, task in trained.items()
+                   for o in roles.get(role).runtime_overrides(bundles / role, task)]
+    exports = [f"export_{role}" for role in trained]
     for s in e["sets"]:
         stages.append(Stage(f"eval_{s}", [*py, "-m", "eval.compare", s, *common, "--out", str(out / f"eval_{s}")],
                             ["data_formal"], what=f"`{s}` with heuristic components, whole formal set"))
@@ -109,7 +129,7 @@ def plan(c: dict) -> list[Stage]:
     evals = [s.name for s in stages if s.name.startswith("eval_")]
     stages.append(Stage("report", [*py, "-m", "arbor_train.report", f"out={out}",
                                    f"wandb.enabled={c['wandb']['enabled']}", f"wandb.project={c['wandb']['project']}"],
-                        [*exports, *evals, "train_reranker", "train_tagger", "train_extractor"],
+                        [*exports, *evals, *(f"train_{role}" for role in trained)],
                         what="report.md, plots, W&B run"))
     return stages
 

@@ -5,11 +5,12 @@ full-state checkpoints, and the helpers that run generation and gather the adapt
 from __future__ import annotations
 
 
-def fsdp_policy(mcfg: dict) -> set[type]:
+def fsdp_policy(wrap_layers: list[str]) -> set[type]:
+    """The transformer block classes named in `model.wrap_layers`."""
     import transformers
 
     classes = set()
-    for name in mcfg.get("wrap_layers") or []:
+    for name in wrap_layers or []:
         cls = None
         for mod in ("models.bert.modeling_bert", "models.llama.modeling_llama", "models.qwen3.modeling_qwen3",
                     "models.qwen3_moe.modeling_qwen3_moe"):
@@ -28,8 +29,11 @@ def fsdp_policy(mcfg: dict) -> set[type]:
     return classes
 
 
-def fsdp_strategy(mcfg: dict):
-    """Lightning's FSDPStrategy (full shard), with resume fixed for PyTorch >= 2.11.
+def fsdp_strategy(wrap_layers: list[str], activation_checkpointing: bool = False,
+                  sharding_strategy: str = "FULL_SHARD", **kwargs):
+    """Lightning's FSDPStrategy wrapping (and, with `activation_checkpointing`, re-computing) each block
+    named in `wrap_layers`, with resume fixed for PyTorch >= 2.11. conf/trainer/fsdp.yaml builds it
+    (`trainer.strategy._target_`); other FSDPStrategy arguments pass through `kwargs`.
 
     Lightning 2.6's FSDP resume reads a full-state checkpoint file with its own lazy unpickler, which
     fails on checkpoints written by PyTorch >= 2.11 ("'UntypedStorage' object has no attribute 'dtype'",
@@ -53,9 +57,9 @@ def fsdp_strategy(mcfg: dict):
             finally:
                 lfsdp._lazy_load = original
 
-    policy = fsdp_policy(mcfg)
-    return ArborFSDPStrategy(auto_wrap_policy=policy, sharding_strategy="FULL_SHARD",
-                             activation_checkpointing_policy=policy if mcfg.get("gradient_checkpointing") else None)
+    policy = fsdp_policy(list(wrap_layers or []))
+    return ArborFSDPStrategy(auto_wrap_policy=policy, sharding_strategy=sharding_strategy,
+                             activation_checkpointing_policy=policy if activation_checkpointing else None, **kwargs)
 
 
 def is_fsdp(trainer) -> bool:

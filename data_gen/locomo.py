@@ -95,7 +95,7 @@ def convert(convs, runtime_cfg: dict, categories: list[int], rules: list[str], p
     from tqdm import tqdm
 
     from arbor_train.runtime import ArborMemory, Localization, build_components
-    from data_gen.branchmem.mine import _cand, _gold_candidate
+    from data_gen.branchmem.mine import candidate_row, gold_candidate
     from eval.benchmarks.schema import interactions
 
     rows: dict[str, list[dict]] = {k: [] for k in ("conversations", "extraction", "events", "summaries",
@@ -145,9 +145,9 @@ def convert(convs, runtime_cfg: dict, categories: list[int], rules: list[str], p
             loc = mem.localize(it.user)
             if i in labels:
                 parent, rule = labels[i]
-                cands = [_cand(c, turn_of) for c in loc.candidates]
+                cands = [candidate_row(c, turn_of) for c in loc.candidates]
                 if all(c["turn"] != parent for c in cands):
-                    cands.append(_gold_candidate(mem, node_of[parent], turn_of))
+                    cands.append(gold_candidate(mem, node_of[parent], turn_of))
                 chosen = turn_of.get(loc.parent_id) if loc.parent_id is not None else None
                 rows["routing"].append({
                     "session_id": cid, "turn": i, "input": it.user, "timestamp": it.timestamp, "candidates": cands,
@@ -162,7 +162,7 @@ def convert(convs, runtime_cfg: dict, categories: list[int], rules: list[str], p
                 continue
             gold = sorted({idx_of[e] for e in q.evidence if e in idx_of})
             loc = mem.localize(q.question, for_question=True)
-            cands = [_cand(c, turn_of) for c in loc.candidates]
+            cands = [candidate_row(c, turn_of) for c in loc.candidates]
             recall["questions"] += 1
             recall["evidence_in_candidates"] += any(c["turn"] in gold for c in cands)
             rows["localization"].append({

@@ -158,7 +158,7 @@ def bench_train(cfg: DictConfig) -> dict:
 
     from arbor_train import roles
     from arbor_train.data import load_sets, select_rows
-    from arbor_train.extractor import sft_examples
+    from arbor_train.roles.extractor import sft_examples
     from arbor_train.models import add_lora, build_decoder
     from arbor_train.packing import padding_fraction, real_tokens
     from arbor_train.runtime.config import compose
@@ -185,8 +185,8 @@ def bench_train(cfg: DictConfig) -> dict:
         return wrapped
 
     # ours: the extractor role as `python -m arbor_train.train` builds it, under Lightning
-    built = roles.build(c)
-    module, loader = built["module"], built["train_loader"]
+    built = roles.get("extractor").build(c)
+    module, loader = built.module, built.train_loader
     ours_tok, ours_pad, ours_sec, t0 = [], [], [], [0.0]
     loader.collate = recording(loader.collate, ours_tok, ours_pad)
 

@@ -38,7 +38,7 @@ from arbor_train.paths import CONF_DIR
 def prepare(data_dir: str = "outputs/data/branchmem_train_cpu_seed0", out: str = "outputs/gpu_check/examples.json",
             n: int = 600) -> int:
     from arbor_train.data import load_sets, select_rows
-    from arbor_train.extractor import sft_examples
+    from arbor_train.roles.extractor import sft_examples
     from arbor_train.models import build_tokenizer
     from arbor_train.runtime.config import compose
 
@@ -96,7 +96,7 @@ def run(examples: str = "outputs/gpu_check/examples.json", out_dir: str | None =
                                    packed_seq_lens=seg["seq_lens"], use_cache=False).logits, seg["labels"].to(dev),
                                  seg["seq_lens"])
         # gradients: the packed (segments) step against the padded step
-        from arbor_train.packing import _varlen_kernel
+        from arbor_train.packing import varlen_kernel
         m.train()
         m.set_attn_implementation("sdpa")
         per_example_loss(m(input_ids=pad["input_ids"].to(dev), attention_mask=pad["attention_mask"].to(dev)).logits,
@@ -110,7 +110,7 @@ def run(examples: str = "outputs/gpu_check/examples.json", out_dir: str | None =
         g = m.model.layers[0].self_attn.q_proj.weight.grad.float()
         probe = torch.zeros(1, 2, 8, 64, device=dev, dtype=dtype)
         emit(f"A_packed_vs_padded_{str(dtype)[6:]}", {
-            "kernel": "varlen" if _varlen_kernel(probe) is not None else "per-example sdpa loop",
+            "kernel": "varlen" if varlen_kernel(probe) is not None else "per-example sdpa loop",
             "grad_rel_diff": float((g - g_ref).norm() / g_ref.norm()),
             "examples": len(sub), "max_abs_diff_segments": float((s - ref).abs().max()),
             "max_abs_diff_dense": float((d - ref).abs().max()), "mean_loss_sum": float(ref.mean())})

@@ -79,7 +79,7 @@ from typing import TYPE_CHECKING, Any
 
 import Stemmer
 
-from arbor_train.metrics import _multiset_counts
+from arbor_train.metrics import multiset_counts
 
 if TYPE_CHECKING:
     from arbor_train.runtime.context import Context
@@ -182,7 +182,7 @@ def locomo_f1(pred: Any, gold: Any) -> float:
 
     0.0 when nothing overlaps (including when either side, or both, has no tokens).
     """
-    overlap, n_pred, n_gold = _multiset_counts(locomo_tokens(pred), locomo_tokens(gold))
+    overlap, n_pred, n_gold = multiset_counts(locomo_tokens(pred), locomo_tokens(gold))
     if overlap == 0:
         return 0.0
     # = 2PR / (P + R) with P = overlap / n_pred and R = overlap / n_gold

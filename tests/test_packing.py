@@ -219,7 +219,7 @@ def test_padding_fraction_packed_below_padded(tokenizer, examples):
 
 def test_selective_logits_loss_equals_the_full_loss(tokenizer, examples):
     """The extractor's loss (LM head only where a label is predicted) equals the model's own loss."""
-    from arbor_train.extractor import ExtractorModule
+    from arbor_train.roles.extractor import ExtractorModule
 
     model = _model(tokenizer, "sdpa")
     batch = collate_packed(pack_examples(examples, 72), tokenizer.pad_token_id)

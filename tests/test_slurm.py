@@ -51,11 +51,11 @@ def finished(cluster, env, job: int, name: str, timeout: float = 600) -> None:
 def train_args(env, data, *extra) -> list[str]:
     return [*LOCAL, f"--output={env['ARBOR_OUTPUT_ROOT']}/train-%j.out", "slurm/train.sbatch",
             "model=tiny_encoder", f"data.train_dir={data}", "task.compare_baselines=false",
-            "trainer.progress_bar=false", *extra]
+            "trainer.enable_progress_bar=false", *extra]
 
 
 def test_training_job_writes_checkpoints_metrics_and_an_offline_wandb_run(slurm_cluster, env, smoke_data):
-    job = sbatch(env, *train_args(env, smoke_data, "trainer.max_steps=12", "callbacks.checkpoint_every_n_steps=6"))
+    job = sbatch(env, *train_args(env, smoke_data, "trainer.max_steps=12", "callbacks.model_checkpoint.every_n_train_steps=6"))
     finished(slurm_cluster, env, job, "train")
     run = Path(env["ARBOR_OUTPUT_ROOT"]) / "runs" / "train" / f"slurm-{job}"   # the run dir carries the job id
     assert sorted(p.name for p in (run / "checkpoints").glob("step-*.ckpt")) == ["step-000006.ckpt", "step-000012.ckpt"]
@@ -66,12 +66,23 @@ def test_training_job_writes_checkpoints_metrics_and_an_offline_wandb_run(slurm_
     assert (run / "final" / "adapter" / "adapter_config.json").exists()
 
 
-def test_two_task_ddp_job_gets_its_ranks_from_srun(slurm_cluster, env, smoke_data):
+def test_two_task_ddp_job_gets_its_ranks_from_srun_and_shards_the_data(slurm_cluster, env, smoke_data, tmp_path):
+    """srun's two tasks are the two DDP ranks, and they train on disjoint shares of one epoch whose union is
+    the same epoch in one process (debug=batches logs every rank's batches)."""
+    from test_train import assert_ranks_share_one_epoch, batch_log, tcfg
+
+    from arbor_train.train import train
+
+    train(tcfg(tmp_path / "one", smoke_data, "debug=batches", "trainer.max_steps=-1", "trainer.max_epochs=1"))
+    one = batch_log(tmp_path / "one" / "batch_hashes" / "rank-0.jsonl")
     job = sbatch(env, "--ntasks-per-node=2", *train_args(env, smoke_data, "trainer=ddp", "trainer.accelerator=cpu",
-                                                          "trainer.max_steps=4", "callbacks.checkpoint_every_n_steps=4"))
+                                                          "debug=batches", "trainer.max_steps=-1",
+                                                          "trainer.max_epochs=1"))
     finished(slurm_cluster, env, job, "train")
-    m = json.loads((Path(env["ARBOR_OUTPUT_ROOT"]) / "runs" / "train" / f"slurm-{job}" / "final" / "metrics.json").read_text())
-    assert m["world_size"] == 2 and m["global_step"] == 4
+    run = Path(env["ARBOR_OUTPUT_ROOT"]) / "runs" / "train" / f"slurm-{job}"
+    m = json.loads((run / "final" / "metrics.json").read_text())
+    assert m["world_size"] == 2 and m["global_step"] == (len(one) + 1) // 2
+    assert_ranks_share_one_epoch([batch_log(run / "batch_hashes" / f"rank-{r}.jsonl") for r in range(2)], one)
 
 
 def test_generation_array_and_dependent_merge_equal_a_single_process_run(slurm_cluster, env, tmp_path):
@@ -133,7 +144,7 @@ def test_preempted_training_job_is_requeued_and_resumes_from_its_checkpoint(slur
     USR1 (what --signal=SIGUSR1@120 sends before the time limit): Lightning writes hpc_ckpt_*.ckpt and
     requeues the job itself; the requeued job resumes from that checkpoint."""
     steps = 3000
-    job = sbatch(env, *train_args(env, smoke_data, f"trainer.max_steps={steps}", "callbacks.checkpoint_every_n_steps=100",
+    job = sbatch(env, *train_args(env, smoke_data, f"trainer.max_steps={steps}", "callbacks.model_checkpoint.every_n_train_steps=100",
                                   "logger=csv"))
     run = Path(env["ARBOR_OUTPUT_ROOT"]) / "runs" / "train" / f"slurm-{job}"
     _wait_for(lambda: list((run / "checkpoints").glob("step-*.ckpt")), 300, "the first periodic checkpoint")

@@ -64,7 +64,7 @@ class SentenceEmbedder:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModel.from_pretrained(path).eval()
         if quantize == "int8":
-            self.model = _quantize_int8(self.model)
+            self.model = quantize_int8(self.model)
         elif quantize not in (None, "none"):
             raise ValueError(f"embedder option quantize must be null or 'int8', got {quantize!r}")
         self.dim = int(self.model.config.hidden_size)
@@ -87,7 +87,7 @@ class SentenceEmbedder:
         return _normalise(np.concatenate(rows))
 
 
-def _quantize_int8(model):
+def quantize_int8(model):
     import warnings
 
     import torch

@@ -79,7 +79,7 @@ class HFCausalLM:
         self.model.eval()
         self.device = next(self.model.parameters()).device
         self.batch_size = batch_size
-        self._yes_no = _yes_no_ids(self.tokenizer)
+        self._yes_no = yes_no_ids(self.tokenizer)
 
     @classmethod
     def from_parts(cls, model, tokenizer, name: str = "in-memory", batch_size: int = 8) -> "HFCausalLM":
@@ -89,7 +89,7 @@ class HFCausalLM:
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.device = next(model.parameters()).device
-        self._yes_no = _yes_no_ids(tokenizer)
+        self._yes_no = yes_no_ids(tokenizer)
         return self
 
     def render(self, messages: list[dict]) -> str:
@@ -133,7 +133,7 @@ class HFCausalLM:
         return out
 
 
-def _yes_no_ids(tokenizer) -> tuple[int, int]:
+def yes_no_ids(tokenizer) -> tuple[int, int]:
     def first(word: str) -> int:
         ids = tokenizer.encode(word, add_special_tokens=False)
         if not ids:

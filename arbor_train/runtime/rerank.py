@@ -92,9 +92,9 @@ class CrossEncoderReranker:
         path = resolve(model)
         m = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
         if quantize == "int8":
-            from .embed import _quantize_int8
+            from .embed import quantize_int8
 
-            m = _quantize_int8(m)
+            m = quantize_int8(m)
         return cls(m, AutoTokenizer.from_pretrained(path), max_length, name=f"untuned:{model}")
 
     def score(self, query: str, candidates: list[Candidate]) -> list[float]:
@@ -121,9 +121,9 @@ def load_bundle_reranker(path: str, base_override: str | None = None, quantize: 
     model, tok = b.load_model(base_override=base_override)
     if b.kind == "cross_encoder":
         if quantize == "int8":
-            from .embed import _quantize_int8
+            from .embed import quantize_int8
 
-            model = _quantize_int8(model.merge_and_unload() if hasattr(model, "merge_and_unload") else model)
+            model = quantize_int8(model.merge_and_unload() if hasattr(model, "merge_and_unload") else model)
         r: Reranker = CrossEncoderReranker(model, tok, int(b.manifest.get("max_length", 128)), name=f"bundle:{path}")
     else:
         r = PromptedReranker(HFCausalLM.from_parts(model, tok, name=f"bundle:{path}"))

@@ -88,7 +88,7 @@ def _run(cfg: DictConfig) -> dict:
 
 def benchmark(cfg: DictConfig) -> dict:
     """Sessions per second: plan+realize+validate alone, and with supervision mining (one process)."""
-    from .generate import _init_worker, _work
+    from .generate import init_worker, work_session
 
     p = _preset(cfg)
     n = min(int(cfg.bench.sessions), p["sessions"])
@@ -99,10 +99,10 @@ def benchmark(cfg: DictConfig) -> dict:
     for i in range(n):
         regenerated += build_session(i, p, seed, targets)[2]["attempts"] - 1
     plan_s = time.perf_counter() - t0
-    _init_worker(p, seed, targets, _runtime_cfg(OmegaConf.merge(cfg, {"mine": True})))
+    init_worker(p, seed, targets, _runtime_cfg(OmegaConf.merge(cfg, {"mine": True})))
     t0 = time.perf_counter()
     for i in range(n):
-        _work(i)
+        work_session(i)
     mine_s = time.perf_counter() - t0
     res = {"preset": p["name"], "sessions": n, "regenerated": regenerated,
            "plan_realize_validate_sessions_per_s": round(n / plan_s, 2),

@@ -91,7 +91,7 @@ def session_row(plan, turns: list[Turn]) -> dict:
 _W: dict[str, Any] = {}
 
 
-def _init_worker(p: dict, seed: int, targets, runtime_cfg: dict | None, verbalizer_cfg: dict | None = None) -> None:
+def init_worker(p: dict, seed: int, targets, runtime_cfg: dict | None, verbalizer_cfg: dict | None = None) -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -124,7 +124,7 @@ def summarize(rows: dict[str, list[dict]]) -> dict:
     }
 
 
-def _work(i: int) -> tuple[dict[str, list[str]], dict, dict]:
+def work_session(i: int) -> tuple[dict[str, list[str]], dict, dict]:
     """Build, mine and serialise session i in the worker; only text lines travel back."""
     from data_gen.io import dumps
 
@@ -144,14 +144,14 @@ def iter_sessions(indices: list[int], p: dict, seed: int, runtime_cfg: dict | No
     targets = session_targets(p, seed)
     bar = tqdm(total=len(indices), desc=f"{p['name']} sessions", unit="session", disable=not progress)
     if workers <= 1:
-        _init_worker(p, seed, targets, runtime_cfg, verbalizer_cfg)
+        init_worker(p, seed, targets, runtime_cfg, verbalizer_cfg)
         for i in indices:
-            yield _work(i)
+            yield work_session(i)
             bar.update()
     else:
         ctx = mp.get_context("fork")
-        with ctx.Pool(workers, initializer=_init_worker, initargs=(p, seed, targets, runtime_cfg, verbalizer_cfg)) as pool:
-            for out in pool.imap(_work, indices, chunksize=max(1, min(64, len(indices) // (workers * 8) or 1))):
+        with ctx.Pool(workers, initializer=init_worker, initargs=(p, seed, targets, runtime_cfg, verbalizer_cfg)) as pool:
+            for out in pool.imap(work_session, indices, chunksize=max(1, min(64, len(indices) // (workers * 8) or 1))):
                 yield out
                 bar.update()
     bar.close()

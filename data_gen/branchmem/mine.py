@@ -16,14 +16,14 @@ from arbor_train.runtime import ArborMemory, Localization
 from .realize import Turn
 
 
-def _cand(c, turn_of: dict[int, int], recalled: bool = True) -> dict:
+def candidate_row(c, turn_of: dict[int, int], recalled: bool = True) -> dict:
     return {"turn": turn_of[c.node_id], "topic_key": c.topic_key, "path_summary": c.path_summary,
             "node_summary": c.node_summary, "entities": list(c.entities),
             "channels": json.dumps(c.channels, sort_keys=True), "runtime_score": round(float(c.score), 6),
             "recalled": recalled}
 
 
-def _gold_candidate(mem: ArborMemory, node_id: int, turn_of: dict[int, int]) -> dict:
+def gold_candidate(mem: ArborMemory, node_id: int, turn_of: dict[int, int]) -> dict:
     n = mem.store.get_node(node_id)
     return {"turn": turn_of[node_id], "topic_key": n.topic_key, "path_summary": n.path_summary,
             "node_summary": n.node_summary, "entities": list(n.entities), "channels": "{}",
@@ -38,10 +38,10 @@ def mine_session(session_id: str, turns: list[Turn], runtime_cfg: dict, componen
     try:
         for t in turns:
             loc = mem.localize(t.user, for_question=t.is_question)
-            cands = [_cand(c, turn_of) for c in loc.candidates]
+            cands = [candidate_row(c, turn_of) for c in loc.candidates]
             gold_parent = t.gold_parent
             if gold_parent is not None and all(c["turn"] != gold_parent for c in cands):
-                cands.append(_gold_candidate(mem, node_of[gold_parent], turn_of))
+                cands.append(gold_candidate(mem, node_of[gold_parent], turn_of))
             chosen = turn_of.get(loc.parent_id) if loc.parent_id is not None else None
             base = {"session_id": session_id, "turn": t.index, "input": t.user, "timestamp": t.timestamp}
             if t.is_question:

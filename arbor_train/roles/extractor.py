@@ -3,25 +3,26 @@
 Prompts are the runtime's own (`arbor_train.prompts.extract_messages`, one prompt per extraction kind),
 completions the strict JSON the runtime validates; the loss covers completion tokens only (masks are
 built with the examples, arbor_train/packing.py) and examples are packed without attention across them.
-Validation generates greedily for a fixed held-out sample and reports JSON validity, slot key/value F1
-(states) and atomic-fact F1 (facts).
+Validation reports the held-out completion loss, and generates greedily for a fixed held-out sample:
+JSON validity, slot key/value F1 (states) and atomic-fact F1 (facts).
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from . import data as D
-from .models import add_lora, build_decoder, param_counts
-from .modules import _Base
-from .packing import (PACKED_ATTENTION, build_sft_example, collate_packed, pack_examples, packed_layout,
-                      padding_fraction, real_tokens, use_packed_attention)
-from .prompts import extract_messages, extract_target
-from .wrap import through_root
-
+from .. import data as D
+from ..errors import ConfigError
+from ..models import add_lora, build_decoder
+from ..packing import (PACKED_ATTENTION, build_sft_example, collate_packed, collate_padded, pack_examples,
+                       packed_layout, padding_fraction, real_tokens, use_packed_attention)
+from ..prompts import EXTRACT_TEMPLATE, extract_messages, extract_target
+from ..wrap import through_root
+from .common import Built, Role, RoleModule, load_rows, loaders
 
 def sft_examples(rows, tokenizer, kinds: list[str], max_length: int) -> tuple[list[dict], list[dict], int]:
     """(examples, prompts-with-targets for generation, dropped count) for every row and kind."""
@@ -40,7 +41,7 @@ def sft_examples(rows, tokenizer, kinds: list[str], max_length: int) -> tuple[li
     return examples, gen, dropped
 
 
-class ExtractorModule(_Base):
+class ExtractorModule(RoleModule):
     def __init__(self, model, cfg: dict, tokenizer, gen_examples: list[dict]):
         super().__init__(model, cfg)
         self.tokenizer = tokenizer
@@ -62,33 +63,29 @@ class ExtractorModule(_Base):
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                                  target[:, keep].reshape(-1), ignore_index=-100)
 
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss = self._loss(batch)
-        self.tokens_seen += real_tokens(batch)
+    def step_loss(self, batch: dict) -> tuple[torch.Tensor, int, None]:
+        n = sum(len(x) for x in batch["seq_lens"]) if "seq_lens" in batch else batch["input_ids"].shape[0]
+        return self._loss(batch), int(n), None
+
+    def count_tokens(self, batch: dict) -> int:
+        """Real (non-padding) tokens of a training batch; also records the batch's padding share."""
         self.padding.append(padding_fraction(batch))
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
-        return loss
+        return real_tokens(batch)
 
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self.log("val/loss", self._loss(batch), prog_bar=True, batch_size=batch["input_ids"].shape[0])
-
-    def on_validation_epoch_end(self) -> None:
-        self.last_metrics = self.generate_metrics()
-        for k, v in self.last_metrics.items():
-            if isinstance(v, float):
-                self.log(f"val/{k}", v)
+    def epoch_metrics(self) -> dict[str, Any]:
+        return self.generate_metrics()
 
     @torch.no_grad()
     def generate_outputs(self, messages: list[list[dict]]) -> list[str]:
         """Greedy completions of the held-out prompts (under FSDP, called through the root: wrap.through_root)."""
-        from arbor_train.runtime.llm import HFCausalLM
+        from ..runtime.llm import HFCausalLM
 
         llm = HFCausalLM.from_parts(self.model, self.tokenizer, batch_size=self.cfg["task"]["gen_batch_size"])
         return llm.chat(messages, max_new_tokens=self.cfg["task"]["max_new_tokens"])
 
     @torch.no_grad()
     def generate_metrics(self) -> dict[str, Any]:
-        from .metrics import fact_f1, json_validity, slot_f1
+        from ..metrics import fact_f1, json_validity, slot_f1
 
         if not self.gen_examples:
             return {}
@@ -118,43 +115,61 @@ class ExtractorModule(_Base):
         return m
 
 
-def build_extractor(c: dict) -> dict[str, Any]:
-    t, dc = c["task"], c["data"]
-    from .roles import _rows
+class Extractor(Role):
+    name = "extractor"
+    bundle_kinds = {"decoder": "causal_lm"}
 
-    tr_rows, va_rows = _rows(c, ["extraction"])
-    model, tok = build_decoder(c["model"], seed=c["seed"])
-    layout = None
-    if t["packing"]:
-        impl = use_packed_attention(model) if t.get("packed_attention", True) else model.config._attn_implementation
-        layout = packed_layout(impl)
-    if c["model"].get("gradient_checkpointing"):
-        model.gradient_checkpointing_enable()
-    model = add_lora(model, c["peft"], c["model"], "CAUSAL_LM")
-    kinds = list(t["kinds"])
-    tr_rows = D.select_rows(tr_rows["extraction"], dc.get("max_train_examples"), t.get("nonempty_share"), kinds)
-    va_rows = D.select_rows(va_rows["extraction"], dc.get("max_val_examples"), t.get("nonempty_share"), kinds)
-    tr, _, dropped = sft_examples(tr_rows, tok, kinds, t["max_length"])
-    va, gen, _ = sft_examples(va_rows, tok, kinds, t["max_length"])
-    module = ExtractorModule(model, c, tok, gen[: t["gen_examples"]])
-    pad = tok.pad_token_id
-    dtype = next(model.parameters()).dtype
-    if t["packing"]:
-        tr_items, va_items = pack_examples(tr, t["pack_length"]), pack_examples(va, t["pack_length"])
+    def check(self, c: dict) -> None:
+        if c["model"]["family"] != "decoder":
+            raise ConfigError(f"task={c['task']['name']} needs a decoder (causal LM) model, got model={c['model']['name']}")
 
-        def collate(b):
-            return collate_packed(b, pad, dtype, layout)
-    else:
-        from .packing import collate_padded
+    def build(self, c: dict) -> Built:
+        t, dc = c["task"], c["data"]
+        tr_rows, va_rows = load_rows(c, ["extraction"])
+        model, tok = build_decoder(c["model"], seed=c["seed"])
+        layout = None
+        if t["packing"]:
+            impl = use_packed_attention(model) if t.get("packed_attention", True) else model.config._attn_implementation
+            layout = packed_layout(impl)
+        if c["model"].get("gradient_checkpointing"):
+            model.gradient_checkpointing_enable()
+        model = add_lora(model, c["peft"], c["model"], "CAUSAL_LM")
+        kinds = list(t["kinds"])
+        tr_rows = D.select_rows(tr_rows["extraction"], dc.get("max_train_examples"), t.get("nonempty_share"), kinds)
+        va_rows = D.select_rows(va_rows["extraction"], dc.get("max_val_examples"), t.get("nonempty_share"), kinds)
+        tr, _, dropped = sft_examples(tr_rows, tok, kinds, t["max_length"])
+        va, gen, _ = sft_examples(va_rows, tok, kinds, t["max_length"])
+        module = ExtractorModule(model, c, tok, gen[: t["gen_examples"]])
+        pad = tok.pad_token_id
+        dtype = next(model.parameters()).dtype
+        if t["packing"]:
+            tr_items, va_items = pack_examples(tr, t["pack_length"]), pack_examples(va, t["pack_length"])
 
-        tr_items, va_items = tr, va
+            def collate(b):
+                return collate_packed(b, pad, dtype, layout)
+        else:
+            tr_items, va_items = tr, va
 
-        def collate(b):
-            out = collate_padded(b, pad)
-            out["position_ids"] = (out["attention_mask"].cumsum(-1) - 1).clamp(min=0)
-            return out
+            def collate(b):
+                out = collate_padded(b, pad)
+                out["position_ids"] = (out["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+                return out
 
-    return {"module": module, "tokenizer": tok, "param_counts": param_counts(model), "dropped": dropped,
-            "train_loader": D.ResumableLoader(tr_items, t["batch_size"], collate, c["seed"]),
-            "val_loader": D.ResumableLoader(va_items, t["batch_size"], collate, c["seed"], shuffle=False),
-            "data_fingerprint": D.fingerprint(dc["train_dir"], ["extraction"])}
+        train_loader, val_loader = loaders(c, tr_items, va_items, collate)
+        return Built(module, tok, train_loader, val_loader, D.fingerprint(dc["train_dir"], ["extraction"]),
+                     {"dropped": dropped})
+
+    def extras(self, c: dict, built: Built) -> dict[str, Any]:
+        return {"kinds": list(c["task"]["kinds"])}
+
+    def prompt_template(self, kind: str) -> dict:
+        return EXTRACT_TEMPLATE.to_json()
+
+    def load_base(self, train_cfg: dict, role_json: dict):
+        return build_decoder(train_cfg["model"], seed=train_cfg["seed"])[0]
+
+    def runtime_overrides(self, bundle: Path | str, task: dict) -> list[str]:
+        return [f"extractors.{k}.path={bundle}" for k in task["kinds"]]
+
+
+ROLE = Extractor()

@@ -1,0 +1,167 @@
+"""Branch-aware reranker role: (input, candidate state) scoring for localization.
+
+- encoder (`task=reranker`): a cross-encoder (encoder + LoRA + one-logit head) over
+  (input, `Candidate.document()`) pairs;
+- decoder (`task=reranker_llm`): an LLM scorer, logit(yes) - logit(no) at the answer position in the
+  Qwen3-Reranker layout.
+Both train listwise over a group (gold + hard negatives) plus a learned "new root" logit, so that the
+same softmax decides between the candidates and starting a new root; sigmoid(new-root logit) is the
+calibrated threshold the bundle hands to the runtime. Baselines: the runtime's no-model heuristic
+reranker and the untuned model, on the same held-out groups.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .. import data as D
+from ..errors import ConfigError
+from ..models import add_lora, build_decoder, build_encoder
+from ..prompts import PROMPT_VERSION, RERANK_TEMPLATE
+from .common import Built, Role, RoleModule, cap, load_rows, loaders
+
+
+class RerankerModule(RoleModule):
+    def __init__(self, model, cfg: dict):
+        super().__init__(model, cfg)
+        self.new_root_logit = torch.nn.Parameter(torch.tensor(float(cfg["task"]["new_root_init"])))
+        self._val: list[dict] = []
+
+    def scores(self, batch: dict) -> torch.Tensor:
+        """One logit per (input, candidate) pair: the head's output for a cross-encoder; for an LLM
+        scorer, logit(yes) - logit(no) at the answer position (sigmoid of it is the runtime's p(yes))."""
+        kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        if "yes_no" in batch:
+            out = self.model(**kwargs, logits_to_keep=1, use_cache=False).logits[:, -1].float()
+            yes, no = batch["yes_no"].tolist()
+            return out[:, yes] - out[:, no]
+        if "token_type_ids" in batch:
+            kwargs["token_type_ids"] = batch["token_type_ids"]
+        return self.model(**kwargs).logits[:, 0].float()
+
+    def group_logits(self, batch: dict) -> list[torch.Tensor]:
+        s = self.scores(batch)
+        out, k = [], 0
+        for n in batch["group_sizes"].tolist():
+            out.append(torch.cat([s[k : k + n], self.new_root_logit.view(1)]))
+            k += n
+        return out
+
+    def step_loss(self, batch: dict) -> tuple[torch.Tensor, int, list[torch.Tensor]]:
+        groups = self.group_logits(batch)
+        losses = []
+        for logits, gold in zip(groups, batch["gold"].tolist()):
+            target = len(logits) - 1 if gold < 0 else gold
+            losses.append(F.cross_entropy(logits.unsqueeze(0), torch.tensor([target], device=logits.device)))
+        return torch.stack(losses).mean(), len(groups), groups
+
+    def collect_validation(self, batch: dict, groups: list[torch.Tensor]) -> None:
+        thr = float(self.new_root_logit.detach())
+        for logits, gold in zip(groups, batch["gold"].tolist()):
+            self._val.append({"scores": logits[:-1].tolist(), "gold": None if gold < 0 else gold, "threshold": thr})
+
+    def epoch_metrics(self) -> dict[str, Any]:
+        from ..metrics import rerank_metrics
+
+        if not self._val:
+            return {}
+        m = rerank_metrics(self._val)
+        self._val = []
+        return m
+
+    @property
+    def threshold(self) -> float:
+        return float(torch.sigmoid(self.new_root_logit.detach()))
+
+
+class Reranker(Role):
+    name = "reranker"
+    bundle_kinds = {"encoder": "cross_encoder", "decoder": "llm_scorer"}
+
+    def check(self, c: dict) -> None:
+        t, m = c["task"], c["model"]
+        if t["head"] == "yes_no" and m["family"] != "decoder":
+            raise ConfigError(f"task={t['name']} scores p(yes) with a causal LM; model={m['name']} is an encoder")
+        if t["head"] == "classifier" and m["family"] != "encoder":
+            raise ConfigError(f"task={t['name']} with a classification head needs an encoder model, "
+                              f"got model={m['name']} (family {m['family']})")
+
+    def build(self, c: dict) -> Built:
+        t, dc = c["task"], c["data"]
+        names = list(t["sets"])
+        tr_rows, va_rows = load_rows(c, names)
+        groups: dict[str, list[D.RerankGroup]] = {"train": [], "val": []}
+        for split, rows in (("train", tr_rows), ("val", va_rows)):
+            for n in names:
+                groups[split] += D.rerank_groups(rows[n], n, t["group_size"], t["include_new_root"])
+        groups["train"] = cap(groups["train"], dc.get("max_train_examples"))
+        groups["val"] = cap(groups["val"], dc.get("max_val_examples"))
+        if c["model"]["family"] == "decoder":  # LLM scorer: p(yes) at the answer position, Qwen3-Reranker layout
+            from ..runtime.llm import yes_no_ids
+
+            model, tok = build_decoder(c["model"], seed=c["seed"])
+            model = add_lora(model, c["peft"], c["model"], "CAUSAL_LM")
+            yes_no = torch.tensor(yes_no_ids(tok))
+            encode = D.encode_groups_llm
+        else:
+            model, tok = build_encoder(c["model"], num_labels=1, seed=c["seed"])
+            model = add_lora(model, c["peft"], c["model"], "SEQ_CLS", modules_to_save=list(c["model"]["head_modules"]))
+            yes_no = None
+            encode = D.encode_groups
+        pad = tok.pad_token_id
+
+        def collate(b):
+            out = D.collate_groups(b, pad)
+            if yes_no is not None:
+                out["yes_no"] = yes_no
+                out.pop("token_type_ids", None)
+            return out
+
+        train_loader, val_loader = loaders(c, encode(groups["train"], tok, t["max_length"]),
+                                           encode(groups["val"], tok, t["max_length"]), collate)
+        return Built(RerankerModule(model, c), tok, train_loader, val_loader, D.fingerprint(dc["train_dir"], names),
+                     {"groups": groups})
+
+    def baselines(self, c: dict, built: Built, trainer) -> dict[str, Any]:
+        from ..metrics import rerank_metrics
+        from ..runtime import default_config
+        from ..runtime.rerank import HeuristicReranker
+        from ..runtime.schema import Candidate
+
+        out = super().baselines(c, built, trainer)
+        rcfg = default_config()
+        h = HeuristicReranker(**rcfg["reranker"]["heuristic"])
+        groups = []
+        for g in built.extras["groups"]["val"]:
+            cands = [Candidate(node_id=x["turn"], topic_key=x["topic_key"], path_summary=x["path_summary"],
+                               node_summary=x["node_summary"], entities=list(x["entities"]), seq=x["turn"], root_id=-1,
+                               channels=json.loads(x["channels"])) for x in g.cands]
+            groups.append({"scores": h.score(g.query, cands), "gold": None if g.gold < 0 else g.gold,
+                           "threshold": rcfg["localization"]["new_root_threshold"]})
+        out["heuristic"] = rerank_metrics(groups)
+        return out
+
+    def extras(self, c: dict, built: Built) -> dict[str, Any]:
+        return {"new_root_threshold": round(built.module.threshold, 6)}
+
+    def prompt_template(self, kind: str) -> dict:
+        if kind == "llm_scorer":
+            return RERANK_TEMPLATE.to_json()
+        return {"name": "cross_encoder_pair", "version": PROMPT_VERSION}
+
+    def load_base(self, train_cfg: dict, role_json: dict):
+        m = train_cfg["model"]
+        if m["family"] == "encoder":
+            return build_encoder(m, num_labels=1, seed=train_cfg["seed"])[0]
+        return build_decoder(m, seed=train_cfg["seed"])[0]
+
+    def runtime_overrides(self, bundle: Path | str, task: dict) -> list[str]:
+        return [f"reranker.bundle.path={bundle}"]
+
+
+ROLE = Reranker()
