@@ -15,6 +15,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from . import roles
+from .roles.common import fmt as _f
+
 ROWS = ("heuristic", "untuned", "tuned")
 ROW_LABEL = {"heuristic": "heuristic components (no model)", "untuned": "untuned prompted SmolLM2-135M",
              "tuned": "tuned bundles"}
@@ -25,19 +28,9 @@ def _json(p: Path) -> dict | None:
     return json.loads(p.read_text()) if p.exists() else None
 
 
-def _f(v, digits: int = 3) -> str:
-    if v is None:
-        return "—"
-    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
-
-
 def _eval(out: Path, name: str) -> dict | None:
     r = _json(out / name / "results.json")
     return r["results"] if r else None
-
-
-def _train(out: Path, role: str) -> dict | None:
-    return _json(out / f"train_{role}" / "run" / "final" / "metrics.json")
 
 
 def _rows_table(rows: dict, col: str, cell) -> list[str]:
@@ -131,31 +124,14 @@ def build(out: Path) -> dict:
     md += [f"![tuned vs heuristic vs untuned]({pic.name})", ""]
 
     md += ["## Training (held-out supervision)", ""]
-    rr, tg, ex = _train(out, "reranker"), _train(out, "tagger"), _train(out, "extractor")
-    if rr:
-        md += ["| reranker | acc@1 | MRR | new-root F1 |", "|---|---:|---:|---:|"]
-        for name, m in (("heuristic", rr.get("baselines", {}).get("heuristic")),
-                        ("untuned MiniLM cross-encoder", rr.get("baselines", {}).get("untuned")),
-                        ("MiniLM + LoRA", rr.get("metrics"))):
-            if m:
-                md.append(f"| {name} | {_f(m.get('acc@1'))} | {_f(m.get('mrr'))} | {_f(m.get('new_root_f1'))} |")
-        md.append("")
-    if ex:
-        md += ["| mutable-state extractor | JSON validity | slot key F1 | slot value F1 | held-out turns |",
-               "|---|---:|---:|---:|---:|"]
-        for name, m in (("SmolLM2-135M prompted, untuned", ex.get("baselines", {}).get("untuned")),
-                        ("SmolLM2-135M + LoRA", ex.get("metrics"))):
-            if m:
-                md.append(f"| {name} | {_f(m.get('json_validity'))} | {_f(m.get('slot_key_f1'))} "
-                          f"| {_f(m.get('slot_value_f1'))} | {m.get('generated', '—')} |")
-        md.append("")
-    if tg:
-        md += ["| attribute tagger | exact match | micro F1 | macro F1 |", "|---|---:|---:|---:|"]
-        for name, m in (("untuned MiniLM (fresh head)", tg.get("baselines", {}).get("untuned")),
-                        ("MiniLM + LoRA", tg.get("metrics"))):
-            if m:
-                md.append(f"| {name} | {_f(m.get('exact_match'))} | {_f(m.get('micro_f1'))} | {_f(m.get('macro_f1'))} |")
-        md.append("")
+    trained = {}
+    for st in (s for s in stages if s["stage"].startswith("train_")):
+        run = out / st["stage"] / "run" / "final"
+        res = _json(run / "metrics.json")
+        if res and res.get("role"):
+            model = OmegaConf.load(run / "config.yaml").model.name
+            trained[res["role"]] = res
+            md += [*roles.get(res["role"]).report_table(res, model), ""]
 
     pictures = [pic]
     for s in ("methods", "ablations", "budgets"):
@@ -175,7 +151,7 @@ def build(out: Path) -> dict:
     md += ["", f"Sum of stage wall times: {total:.0f} s ({total / 60:.1f} min).", ""]
     text = "\n".join(md)
     (rep / "report.md").write_text(text)
-    summary = {"full": full, "llm": llm, "train": {"reranker": rr, "tagger": tg, "extractor": ex},
+    summary = {"full": full, "llm": llm, "train": trained,
                "stages": stages, "verdicts": verdicts(full, llm)}
     (rep / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return {"markdown": text, "pictures": pictures, "summary": summary}

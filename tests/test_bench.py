@@ -15,15 +15,42 @@ def bcfg(data, *overrides):
             "bench_train.pack_length=512", "bench_train.hf_batch_size=2", *overrides])
 
 
-def test_train_bench_times_both_steps(smoke_data):
+def test_train_bench_times_both_steps(smoke_data, monkeypatch):
+    import time
+
+    import arbor_train.packing as P
+    import arbor_train.roles.extractor as E
+
+    batches = {"ours": [], "hf": []}   # every collated batch each side fed its model, in order
+    real = P.real_tokens
+
+    def spy(batch):
+        batches["ours" if "seq_lens" in batch else "hf"].append(batch)
+        return real(batch)
+
+    # the bench's collate recorder looks real_tokens up when it runs; the extractor module (which counts
+    # each batch again on its device) keeps its own reference, left unspied
+    monkeypatch.setattr(P, "real_tokens", spy)
+    monkeypatch.setattr(E, "real_tokens", real)
+    t0 = time.perf_counter()
     res = run(bcfg(smoke_data))
+    wall = time.perf_counter() - t0
     ours, hf = res["ours"], res["hf_trainer_peft"]
     assert ours["attention"] == "arbor_packed_sdpa" and hf["attention"] == "sdpa"
-    for side in (ours, hf):
-        assert side["timed_steps"] == 2 and side["timed_tokens"] > 0 and side["timed_seconds"] > 0
+    # tokens and padding recounted here from the batches of the 3 steps (1 warm-up + 2 timed):
+    # packed rows hold their examples' seq_lens end to end; padded rows are what their attention mask keeps
+    ours_tok = [sum(sum(lens) for lens in b["seq_lens"]) for b in batches["ours"][:3]]
+    ours_pad = [1 - t / b["input_ids"].numel() for t, b in zip(ours_tok, batches["ours"][:3])]
+    hf_tok = [int(b["attention_mask"].sum()) for b in batches["hf"][:3]]
+    hf_pad = [1 - t / b["attention_mask"].numel() for t, b in zip(hf_tok, batches["hf"][:3])]
+    for side, tok, pad in ((ours, ours_tok, ours_pad), (hf, hf_tok, hf_pad)):
+        assert len(tok) == 3 and side["timed_steps"] == 2 and side["timed_tokens"] == sum(tok[1:])
+        assert side["padding_fraction"] == pytest.approx(sum(pad) / 3, abs=1e-4)
+        assert 0 < side["timed_seconds"] <= wall
         assert side["tokens_per_s"] == pytest.approx(side["timed_tokens"] / side["timed_seconds"], rel=0.05)  # rounding
     assert ours["padding_fraction"] == 0.0  # packs laid end to end in one row
-    assert 0.0 < hf["padding_fraction"] < 1.0  # examples of different lengths, padded per batch
+    # examples of different lengths, padded per batch
+    assert hf["padding_fraction"] > 0.0 and any(len(set(b["attention_mask"].sum(1).tolist())) > 1 for b in batches["hf"][:3])
     assert res["speedup_tokens_per_s"] == pytest.approx(ours["tokens_per_s"] / hf["tokens_per_s"], rel=0.01)
 
 

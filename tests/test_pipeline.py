@@ -45,10 +45,29 @@ def test_pipeline_runs_then_skips_then_reruns_only_downstream(tmp_path):
     assert not any(s["skipped"] for s in first["stages"])
     report = (out / "report" / "report.md").read_text()
     summary = json.loads((out / "report" / "summary.json").read_text())
-    assert summary["full"]["heuristic"]["questions"] > 0 and summary["llm"]["tuned"]["sessions"] == 1
-    assert "tuned bundles" in report and "eval.compare methods" in report and (out / "report" / "headline.png").exists()
-    for role in ("reranker", "tagger", "extractor"):
-        assert (out / "bundles" / role / "manifest.json").exists()
+    # the whole-set row covers every question of the formal set, as its stage's results.json says
+    n_q = sum(len(json.loads(l)["questions"]) for l in (out / "data_formal" / "jsonl" / "sessions.jsonl").open())
+    heuristic = json.loads((out / "eval_full_heuristic" / "results.json").read_text())["results"]
+    assert summary["full"]["heuristic"]["questions"] == heuristic["questions"] == n_q > 0
+    assert summary["llm"]["tuned"]["sessions"] == 1
+    assert "tuned bundles" in report and "eval.compare methods" in report
+    from PIL import Image
+
+    headline = out / "report" / "headline.png"
+    assert headline.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with Image.open(headline) as im:
+        im.load()
+        assert im.width > 100 and im.height > 100
+    # each exported bundle loads for its role, with the kind of its model family and its training run's facts
+    from arbor_train.runtime import load_bundle
+
+    kinds = {"reranker": "cross_encoder", "tagger": "encoder_multilabel", "extractor": "causal_lm"}
+    for role, kind in kinds.items():
+        b = load_bundle(out / "bundles" / role, role=role)
+        trained = json.loads((out / f"train_{role}" / "run" / "final" / "metrics.json").read_text())
+        assert b.kind == kind, role
+        assert b.manifest["data_fingerprint"] == trained["data_fingerprint"], role
+        assert b.manifest["metrics"] == trained["metrics"], role
     # every number in the report is backed by a stage command recorded next to its outputs
     st = json.loads((out / "train_reranker" / "stage.json").read_text())
     assert st["returncode"] == 0 and "experiment=reranker_minilm_cpu" in st["command"] and st["command"] in report

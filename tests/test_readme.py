@@ -23,7 +23,24 @@ def test_files_named_by_the_readme_exist():
     text = (REPO_ROOT / "README.md").read_text()
     for rel in re.findall(r"input=(\S+\.json)", "\n".join(readme_commands())):
         assert (REPO_ROOT / rel).exists(), rel
-    for profile in re.findall(r"`(default|minilm|prompted_smollm2|tuned)`", text):
+    from PIL import Image
+
+    from arbor_train.runtime import default_config
+
+    # each runtime profile the README names composes, with the reranker / embedder it says it has
+    described = {"default": ("heuristic", "hashing"), "minilm": ("cross_encoder_untuned", "sentence"),
+                 "prompted_smollm2": ("prompted", "sentence"), "tuned": ("bundle", "sentence")}
+    profiles = set(re.findall(r"`(default|minilm|prompted_smollm2|tuned)`", text))
+    assert profiles == set(described)
+    for profile in profiles:
         assert (CONF_DIR / "runtime" / f"{profile}.yaml").exists(), profile
-    for img in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text):
-        assert (REPO_ROOT / img).exists(), img
+        c = default_config(profile)
+        assert (c["reranker"]["kind"], c["embedder"]["kind"]) == described[profile], profile
+    # each picture it embeds is a PNG that decodes
+    imgs = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert imgs
+    for img in imgs:
+        assert (REPO_ROOT / img).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", img
+        with Image.open(REPO_ROOT / img) as im:
+            im.load()
+            assert im.width > 100 and im.height > 100, img

@@ -156,7 +156,18 @@ def test_render_edge_sizes(tmp_path, runtime_cfg):
         assert Path(out).read_bytes()[:4] == b"\x89PNG"
         assert forest_json(mem)["nodes"] == []
         mem.step("I adopted a dog named Rex.", "Congratulations!")
-        assert Path(render_forest(mem, str(tmp_path / "one.svg"), highlight=[1])).stat().st_size > 0
+        one = Path(render_forest(mem, str(tmp_path / "one.svg"), highlight=[1])).read_text(encoding="utf-8")
+        import re
+        import xml.etree.ElementTree as ET
+
+        assert ET.fromstring(one.encode()).tag == "{http://www.w3.org/2000/svg}svg"  # well-formed SVG
+        texts = [t.strip() for t in re.findall(r"<!--(.*?)-->", one, re.S)]  # matplotlib keeps each text drawn
+        node = mem.nodes()[0]
+        assert "conversation 'c': 1 node, 1 root (highlighted path: 1 node)" in texts  # the title
+        assert str(node.id) in texts  # the node's id label
+        lane = next(t for t in texts if t.endswith("(1)"))  # the lane: the root's topic key and its size
+        shown = lane.removesuffix("(1)").strip().rstrip("…")
+        assert len(shown) >= 10 and node.topic_key.startswith(shown)
         topics = ["Lisbon trip", "Porto conference", "Rex the dog", "garden tomatoes", "marathon training"]
         for i in range(300):
             mem.step(f"About the {topics[i % 5]}: note number {i} for {topics[i % 5]}.", "Noted.")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from arbor_train.modelref import resolve
-from arbor_train.prompts import EXTRACT_TEMPLATE, RERANK_TEMPLATE
+from arbor_train.prompts import EXTRACT_TEMPLATE, RERANK_TEMPLATE, rerank_messages, rerank_prompt
 from arbor_train.runtime import ArborMemory, BundleError, Candidate, load_bundle, write_manifest
 from arbor_train.runtime.llm import HFCausalLM, OpenAIEndpoint
 from arbor_train.runtime.rerank import CrossEncoderReranker, PromptedReranker, build_reranker
@@ -110,7 +110,12 @@ def test_cross_encoder_bundle_scores_like_the_trained_model(tmp_path, tokenizer)
     r = build_reranker({"kind": "bundle", "bundle": {"path": str(bundle), "quantize": None}})
     loaded = r.score("What is Alice's budget?", cands())
     assert loaded == pytest.approx(direct, abs=1e-5)
-    assert all(0.0 <= s <= 1.0 for s in loaded) and loaded[0] != loaded[1]
+    # and both are the sigmoid of the trained model's one logit per (question, candidate document) pair
+    enc = tokenizer(["What is Alice's budget?"] * 2, [c.document() for c in cands()], padding=True,
+                    return_tensors="pt")
+    with torch.no_grad():
+        expect = torch.sigmoid(model(**enc).logits[:, 0]).tolist()
+    assert loaded == pytest.approx(expect, abs=1e-5) and loaded[0] != loaded[1]
 
 
 def test_llm_scorer_bundle_and_prompted_scorer(tmp_path, tokenizer):
@@ -119,14 +124,21 @@ def test_llm_scorer_bundle_and_prompted_scorer(tmp_path, tokenizer):
     base, base_dir = tiny_llama(tmp_path, tokenizer)
     llm = HFCausalLM.from_parts(base, tokenizer)
     prompted = PromptedReranker(llm).score("What is Alice's budget?", cands())
-    assert len(prompted) == 2 and all(0 < s < 1 for s in prompted)
     # p(yes) is the softmax over the yes/no logits at the answer position
-    text = llm.render([{"role": "user", "content": "hi"}])
-    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)
-    logits = base(**ids).logits[0, -1]
     yes, no = tokenizer.encode("yes", add_special_tokens=False)[0], tokenizer.encode("no", add_special_tokens=False)[0]
-    expect = torch.softmax(torch.stack([logits[no], logits[yes]]), 0)[1].item()
+
+    def p_yes(text):
+        ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)
+        with torch.no_grad():
+            logits = base(**ids).logits[0, -1]
+        return torch.softmax(torch.stack([logits[no], logits[yes]]), 0)[1].item()
+
+    expect = p_yes(llm.render([{"role": "user", "content": "hi"}]))
     assert llm.yes_probability([[{"role": "user", "content": "hi"}]])[0] == pytest.approx(expect, abs=1e-5)
+    # the reranker's scores: that p(yes) after the rerank prompt (training's rendering) of each candidate,
+    # one unpadded prompt at a time here, in a left-padded batch there
+    expect = [p_yes(rerank_prompt(tokenizer, "What is Alice's budget?", c.document())) for c in cands()]
+    assert prompted == pytest.approx(expect, abs=1e-5) and prompted[0] != prompted[1]
 
     model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM",
                                             init_lora_weights=False))
@@ -206,7 +218,9 @@ def test_openai_compatible_endpoint_on_loopback():
         assert ep.chat([[{"role": "user", "content": "q"}]]) == ["Lisbon"]
         assert srv.requests[0]["model"] == "served-model" and srv.requests[0]["max_tokens"] == 1
         r = PromptedReranker(ep).score("q", cands())
-        assert len(r) == 2
+        assert r == pytest.approx([p, p])  # the stub answers every prompt with the same logprobs
+        sent = [req["messages"] for req in srv.requests[-2:]]
+        assert sent == [rerank_messages("q", c.document()) for c in cands()]
     finally:
         srv.shutdown()
     dead = OpenAIEndpoint(f"http://127.0.0.1:{srv.server_port}/v1", "m", timeout_s=1, max_retries=0)
@@ -216,7 +230,10 @@ def test_openai_compatible_endpoint_on_loopback():
         OpenAIEndpoint("localhost:8000", "m")
 
 
-def test_minilm_profile_routes_parallel_agendas(tmp_path, turns):
+def test_minilm_profile_scores_candidates_with_its_untuned_cross_encoder(tmp_path, turns):
+    """The `minilm` baseline profile: MiniLM embeddings and the untuned cross-encoder's sigmoid scores. Its fresh
+    head scores every pair about 0.5, above localization.new_root_threshold (0.22), so it never starts a new
+    root: it is the untuned baseline the tuned bundle is compared with, not a router that separates agendas."""
     from arbor_train.runtime import default_config
 
     cfg = default_config("minilm")
@@ -225,7 +242,20 @@ def test_minilm_profile_routes_parallel_agendas(tmp_path, turns):
         mem.step(u, a)
     assert mem.embedder.dim == 384 and mem.reranker.name.startswith("untuned:")
     loc, ctx = mem.read("What is Bob's venue?")
-    assert loc.candidates and all(0 <= c.score <= 1 for c in loc.candidates)
+    # the candidates carry the untuned MiniLM cross-encoder's scores (sigmoid of its one logit per pair),
+    # best first, and the question reads the best one's branch
+    import torch
+
+    ce = mem.reranker
+    enc = ce.tokenizer(["What is Bob's venue?"] * len(loc.candidates), [c.document() for c in loc.candidates],
+                       padding=True, truncation="only_second", max_length=ce.max_length, return_tensors="pt")
+    with torch.no_grad():
+        expect = torch.sigmoid(ce.model(**enc).logits[:, 0].float()).tolist()
+    scores = [c.score for c in loc.candidates]
+    assert len(scores) >= 2 and scores == pytest.approx(expect, abs=1e-5)
+    assert scores == sorted(scores, reverse=True) and loc.score == scores[0]
+    assert loc.parent_id == mem.store.tip(loc.candidates[0].node_id)
+    assert len({n.root_id for n in mem.nodes()}) == 1   # one chain: the untuned scores never fall below 0.22
     mem.close()
     with pytest.raises(ValueError, match="embedder"):
         ArborMemory.open(tmp_path / "m.sqlite", "c", default_config())  # built with MiniLM, opened with hashing

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -42,8 +43,6 @@ def test_base_weights_stay_frozen_while_lora_and_head_train(tmp_path, smoke_data
     trainable = trainable_tensors(module)
     assert all("lora_" in n or "classifier" in n or "new_root" in n for n in trainable)
     assert built.param_counts["trainable"] < built.param_counts["total"] / 10
-    import lightning as L
-
     L.Trainer(max_steps=5, logger=False, enable_checkpointing=False, enable_progress_bar=False,
               num_sanity_val_steps=0, enable_model_summary=False).fit(module, built.train_loader)
     for n, p in module.named_parameters():
@@ -53,18 +52,64 @@ def test_base_weights_stay_frozen_while_lora_and_head_train(tmp_path, smoke_data
     assert any("lora_B" in n for n in moved) and any("classifier" in n for n in moved)
 
 
+class BatchTally(L.Callback):
+    """A callback (instantiated by `_target_` like the configured ones) keeping every training batch's
+    input ids, so a test can count the tokens a run trained on by itself."""
+
+    batches: list = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        BatchTally.batches.append(batch["input_ids"].detach().clone())
+
+
 def test_reranker_run_writes_metrics_checkpoints_and_final_adapter(tmp_path, smoke_data):
-    res = train(tcfg(tmp_path / "run", smoke_data, "task.compare_baselines=true"))
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    c = tcfg(tmp_path / "run", smoke_data, "task.compare_baselines=true")
+    c["callbacks"] = {**c["callbacks"], "tally": {"_target_": f"{__name__}.BatchTally"}}
+    BatchTally.batches = []
+    t0 = time.perf_counter()
+    res = train(c)
+    wall = time.perf_counter() - t0
     run = Path(res["run_dir"])
-    assert res["global_step"] == 12 and res["tokens_per_s"] > 0
+    assert res["global_step"] == 12 and len(BatchTally.batches) == 12
+    # throughput: the non-padding tokens of the 12 training batches, counted here, over the timed fit
+    pad = AutoTokenizer.from_pretrained(str(run / "final" / "tokenizer")).pad_token_id
+    tokens = sum(int((ids != pad).sum()) for ids in BatchTally.batches)
+    assert 0 < res["train_seconds"] <= wall
+    assert res["tokens_per_s"] == pytest.approx(tokens / res["train_seconds"], rel=0.02)
     assert {"acc@1", "mrr"} <= set(res["metrics"]) and {"heuristic", "untuned"} <= set(res["baselines"])
-    assert (run / "final" / "adapter" / "adapter_config.json").exists()
+    written = json.loads((run / "final" / "metrics.json").read_text())
+    for k in ("global_step", "tokens_per_s", "train_seconds", "metrics", "baselines", "data_fingerprint"):
+        assert written[k] == res[k], k
+    # the final adapter: the configured LoRA, holding the weights of the last (step-12) checkpoint
+    acfg = json.loads((run / "final" / "adapter" / "adapter_config.json").read_text())
+    assert acfg["peft_type"] == "LORA" and acfg["r"] == c["peft"]["r"] and acfg["lora_alpha"] == c["peft"]["alpha"]
+    assert set(acfg["target_modules"]) == set(c["model"]["lora_targets"]) and "classifier" in acfg["modules_to_save"]
+    adapter = load_file(run / "final" / "adapter" / "adapter_model.safetensors")
+    last = torch.load(run / "checkpoints" / "step-000012.ckpt", weights_only=False)["state_dict"]
+    as_saved = {k.removeprefix("model.").replace(".modules_to_save", "").replace(".default", ""): v
+                for k, v in last.items() if k.startswith("model.")}
+    assert set(adapter) == set(as_saved) and any("lora_B" in k for k in adapter)
+    for k, v in adapter.items():
+        assert torch.equal(v, as_saved[k]), k
     ckpts = sorted((run / "checkpoints").glob("step-*.ckpt"))
     assert [p.name for p in ckpts] == ["step-000006.ckpt", "step-000012.ckpt"]
     ck = torch.load(ckpts[0], weights_only=False)
     assert ck["state_dict"] and all(("lora_" in k or "classifier" in k or "new_root" in k) for k in ck["state_dict"])
     assert "rng" in ck and ck["hyper_parameters"]["config"]["model"]["name"] == "tiny_encoder"
-    assert list((run / "csv").rglob("metrics.csv")), "the CSV logger wrote its metrics"
+    import csv
+    import math
+
+    logged = [list(csv.DictReader(f.open())) for f in (run / "csv").rglob("metrics.csv")]
+    assert len(logged) == 1, "the CSV logger wrote one metrics file"
+    rows = logged[0]
+    assert any(r["train/loss"] and math.isfinite(float(r["train/loss"])) for r in rows), "training losses logged"
+    last_val = [r for r in rows if r["val/acc@1"]][-1]  # the validation at step 12 logged what res reports
+    assert int(last_val["step"]) == 12
+    for k in ("acc@1", "mrr", "loss"):
+        assert float(last_val[f"val/{k}"]) == pytest.approx(res["metrics"][k], abs=1e-5), k
 
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -121,7 +166,11 @@ def test_export_plugs_into_the_runtime_and_merged_equals_base_plus_adapter(tmp_p
     bundle = export(res["run_dir"], tmp_path / "bundle", log_artifact=False)
     b = load_bundle(bundle, role="reranker")
     assert b.manifest["kind"] == "cross_encoder" and b.manifest["merged"] == "merged"
-    assert 0 < b.manifest["new_root_threshold"] < 1 and b.manifest["data_fingerprint"].startswith("sha256:")
+    # the calibrated threshold is the sigmoid of the new-root logit the run learned (its last checkpoint)
+    logit = torch.load(Path(res["run_dir"]) / "checkpoints" / "step-000012.ckpt", weights_only=False)["state_dict"][
+        "new_root_logit"]
+    assert b.manifest["new_root_threshold"] == pytest.approx(torch.sigmoid(logit).item(), abs=1e-6)
+    assert b.manifest["data_fingerprint"] == res["data_fingerprint"] and res["data_fingerprint"].startswith("sha256:")
     merged, tok = b.load_model(prefer="merged")
     train_cfg = OmegaConf.to_container(OmegaConf.load(Path(res["run_dir"]) / "final" / "config.yaml"))
     base_plus = PeftModel.from_pretrained(load_base(train_cfg, {"role": "reranker"}), str(bundle / "adapter")).eval()
@@ -135,7 +184,13 @@ def test_export_plugs_into_the_runtime_and_merged_equals_base_plus_adapter(tmp_p
     assert mem.new_root_threshold == pytest.approx(b.manifest["new_root_threshold"])
     mem.step("Ann is planning a trip to Lisbon. Ann's budget is $900.", "Noted.")
     loc, _ = mem.read("What is Ann's budget?")
-    assert loc.candidates and all(0 <= c.score <= 1 for c in loc.candidates)
+    # the runtime scores with the exported model: sigmoid of the merged cross-encoder's logit per pair
+    assert loc.candidates
+    pairs = tok(["What is Ann's budget?"] * len(loc.candidates), [c.document() for c in loc.candidates],
+                truncation=True, max_length=b.manifest["max_length"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        expect = torch.sigmoid(merged(**pairs).logits[:, 0]).tolist()
+    assert [c.score for c in loc.candidates] == pytest.approx(expect, abs=1e-5)
     mem.close()
     with pytest.raises(FileExistsError, match="overwrite=true"):
         export(res["run_dir"], bundle, log_artifact=False)
@@ -287,7 +342,16 @@ def test_every_experiment_config_composes_and_instantiates(tmp_path, smoke_data)
             c = ecfg(name, tmp_path / name, smoke_data, *extra)
         check_combination(c)
         built = roles.get(c["task"]["role"]).build(c)
-        assert built.param_counts["trainable"] > 0, name
+        # LoRA went where the config puts it: the trainable weights are the adapters (+ the head modules)
+        params = dict(built.module.model.named_parameters())
+        trainable = [n for n, p in params.items() if p.requires_grad]
+        heads = c["model"]["head_modules"]
+        assert any("lora_" in n for n in trainable), name
+        assert all("lora_" in n or any(h in n.split(".") for h in heads) for n in trainable), name
+        assert any(f".{t}." in n for n in trainable for t in c["model"]["lora_targets"]), name
+        assert built.param_counts == {"total": sum(p.numel() for p in params.values()),
+                                      "trainable": sum(params[n].numel() for n in trainable)}, name
+        assert built.param_counts["trainable"] < built.param_counts["total"], name
 
 
 def test_qwen3_moe_lora_config_reaches_every_routed_expert():
@@ -364,7 +428,22 @@ def test_llm_scorer_reranker_trains_and_exports_to_the_runtime(tmp_path, smoke_d
     cands = [Candidate(1, "Ann trip", "Ann trip: budget", "Ann's budget is $900", ["Ann"], 0, 1),
              Candidate(2, "Bo agenda", "Bo agenda: venue", "Bo's venue", ["Bo"], 1, 2)]
     s = r.score("What is Ann's budget?", cands)
-    assert len(s) == 2 and all(0 < x < 1 for x in s) and r.new_root_threshold is not None
+    # each score is p(yes) / (p(yes) + p(no)) of the exported model's next token after the training-side
+    # rerank prompt, computed here one unpadded prompt at a time
+    from arbor_train.prompts import rerank_prompt
+
+    model, tok = r.llm.model, r.llm.tokenizer
+    yes, no = tok.encode("yes", add_special_tokens=False)[0], tok.encode("no", add_special_tokens=False)[0]
+    expect = []
+    for c in cands:
+        ids = tok(rerank_prompt(tok, "What is Ann's budget?", c.document()), return_tensors="pt",
+                  add_special_tokens=False)
+        with torch.no_grad():
+            logits = model(**ids).logits[0, -1]
+        expect.append(torch.softmax(torch.stack([logits[no], logits[yes]]).float(), 0)[1].item())
+    assert s == pytest.approx(expect, abs=1e-4)
+    role = json.loads((Path(res["run_dir"]) / "final" / "role.json").read_text())
+    assert r.new_root_threshold == role["new_root_threshold"] == load_bundle(bundle).manifest["new_root_threshold"]
 
 
 @pytest.mark.slow

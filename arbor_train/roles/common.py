@@ -196,12 +196,21 @@ def loaders(c: dict, train_items: list, val_items: list, collate) -> tuple[D.Res
             D.ResumableLoader(val_items, bs, collate, c["seed"], shuffle=False, shard=False))
 
 
+def fmt(v, digits: int = 3) -> str:
+    """A metric for a markdown table: 3 decimals, an em dash when missing."""
+    if v is None:
+        return "—"
+    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
 class Role:
-    """One learned role. Subclasses set `name` and `bundle_kinds` (model family -> bundle kind) and
-    implement `build`; the other methods have defaults that fit most roles."""
+    """One learned role. Subclasses set `name`, `bundle_kinds` (model family -> bundle kind) and
+    `report_columns` (held-out metric -> column label), and implement `build`; the other methods have
+    defaults that fit most roles."""
 
     name: str = ""
     bundle_kinds: dict[str, str] = {}
+    report_columns: dict[str, str] = {}
 
     def check(self, c: dict) -> None:
         """Refuse (ConfigError, naming the option) model/task combinations this role cannot train."""
@@ -218,6 +227,19 @@ class Role:
     def extras(self, c: dict, built: Built) -> dict[str, Any]:
         """Role facts for role.json and the bundle manifest (labels, thresholds, kinds)."""
         return {}
+
+    def report_table(self, result: dict, model: str) -> list[str]:
+        """Markdown rows of a training run's held-out metrics (final/metrics.json): the no-model heuristic
+        and the untuned model where `baselines` holds them, then the tuned model."""
+        base = result.get("baselines") or {}
+        rows = [("heuristic (no model)", base.get("heuristic")), (f"{model}, untuned", base.get("untuned")),
+                (f"{model} + LoRA", result.get("metrics"))]
+        lines = [f"| {self.name} | " + " | ".join(self.report_columns.values()) + " |",
+                 "|---|" + "---:|" * len(self.report_columns)]
+        for label, m in rows:
+            if m:
+                lines.append(f"| {label} | " + " | ".join(fmt(m.get(k)) for k in self.report_columns) + " |")
+        return lines
 
     def finalize(self, c: dict, built: Built, run_dir: Path, state_dict: dict | None = None) -> dict[str, Any]:
         """Save the final adapter, tokenizer and role.json where `python -m arbor_train.export` finds them.

@@ -118,6 +118,7 @@ class ExtractorModule(RoleModule):
 class Extractor(Role):
     name = "extractor"
     bundle_kinds = {"decoder": "causal_lm"}
+    report_columns = {"json_validity": "JSON validity", "slot_key_f1": "slot key F1", "slot_value_f1": "slot value F1", "loss": "held-out loss", "generated": "held-out generations"}
 
     def check(self, c: dict) -> None:
         if c["model"]["family"] != "decoder":

@@ -82,6 +82,7 @@ class RerankerModule(RoleModule):
 class Reranker(Role):
     name = "reranker"
     bundle_kinds = {"encoder": "cross_encoder", "decoder": "llm_scorer"}
+    report_columns = {"acc@1": "acc@1", "mrr": "MRR", "new_root_f1": "new-root F1", "loss": "held-out loss"}
 
     def check(self, c: dict) -> None:
         t, m = c["task"], c["model"]

@@ -57,6 +57,7 @@ class TaggerModule(RoleModule):
 class Tagger(Role):
     name = "tagger"
     bundle_kinds = {"encoder": "encoder_multilabel"}
+    report_columns = {"exact_match": "exact match", "micro_f1": "micro F1", "macro_f1": "macro F1", "loss": "held-out loss"}
 
     def check(self, c: dict) -> None:
         t, m = c["task"], c["model"]
