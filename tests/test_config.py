@@ -125,3 +125,17 @@ def test_debug_fast_dev_run_and_overfit(tmp_path, smoke_data):
     rows = list(csv.DictReader(open(next((tmp_path / "over" / "run" / "csv").rglob("metrics.csv")))))
     losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
     assert res["global_step"] == 80 and len(losses) == 80 and losses[-1] < 0.5 * losses[0], losses
+
+
+def test_an_unknown_role_or_impossible_combination_is_an_error_line_not_a_traceback(tmp_path, smoke_data):
+    import subprocess
+    import sys
+
+    from arbor_train.paths import REPO_ROOT
+
+    for override, msg in (("task.role=nope", "error: option task.role='nope': no such role"),
+                          ("task=extractor_states", "error: task=extractor_states needs a decoder")):
+        p = subprocess.run([sys.executable, "-m", "arbor_train.train", "model=tiny_encoder", "logger=csv",
+                            f"data.train_dir={smoke_data}", f"run_dir={tmp_path / 'r'}", override],
+                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 2 and msg in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]

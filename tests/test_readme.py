@@ -21,8 +21,12 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one():
 
 def test_files_named_by_the_readme_exist():
     text = (REPO_ROOT / "README.md").read_text()
-    for rel in re.findall(r"input=(\S+\.json)", "\n".join(readme_commands())):
-        assert (REPO_ROOT / rel).exists(), rel
+    # every config group option a README command selects is a file in conf/
+    groups = "experiment|trainer|optim|scheduler|debug|logger|task|model|preset|ablation|answer_model"
+    chosen = set(re.findall(rf"(?<![.\w-])({groups})=([a-z0-9_]+)\b", text))
+    assert ("experiment", "extractor_smollm2_cpu") in chosen and ("debug", "fast_dev_run") in chosen
+    missing = [f"{g}={o}" for g, o in sorted(chosen) if not (CONF_DIR / g / f"{o}.yaml").exists()]
+    assert not missing, f"the README selects config options that do not exist: {missing}"
     from PIL import Image
 
     from arbor_train.runtime import default_config

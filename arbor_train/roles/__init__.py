@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from ..errors import ConfigError
 from .common import Built, Role, RoleModule
 
 __all__ = ["Built", "Role", "RoleModule", "get", "names"]
@@ -27,8 +28,8 @@ def get(name: str) -> Role:
     """The role named by a task config's `role` (arbor_train/roles/<name>.py)."""
     known = [m.name for m in pkgutil.iter_modules(__path__) if m.name != "common"]
     if name not in known:
-        raise ValueError(f"option task.role={name!r}: no such role (arbor_train/roles/ has {', '.join(sorted(known))})")
+        raise ConfigError(f"option task.role={name!r}: no such role (arbor_train/roles/ has {', '.join(sorted(known))})")
     role = getattr(importlib.import_module(f"{__name__}.{name}"), "ROLE", None)
     if not isinstance(role, Role):
-        raise ValueError(f"arbor_train/roles/{name}.py defines no ROLE (a roles.common.Role instance)")
+        raise ConfigError(f"arbor_train/roles/{name}.py defines no ROLE (a roles.common.Role instance)")
     return role
