@@ -217,10 +217,9 @@ class ResumableLoader:
             random.Random(self.seed * 1_000_003 + epoch).shuffle(idx)
         return idx
 
-    def batches(self, epoch: int, rank: int | None = None) -> list[list[int]]:
+    def batches(self, epoch: int) -> list[list[int]]:
         """This rank's batches of `epoch`, as example indices (the same on every call)."""
         r, w = self._world()
-        r = r if rank is None else rank
         if len(self.examples) < w:
             raise ValueError(f"{len(self.examples)} training item(s) for {w} ranks: every rank needs at least one "
                              f"(more data, or fewer trainer.devices)")

@@ -15,13 +15,7 @@ import pkgutil
 from ..errors import ConfigError
 from .common import Built, Role, RoleModule
 
-__all__ = ["Built", "Role", "RoleModule", "get", "names"]
-
-
-def names() -> list[str]:
-    """Every role this package holds (the modules that define ROLE)."""
-    return sorted(m.name for m in pkgutil.iter_modules(__path__)
-                  if m.name != "common" and hasattr(importlib.import_module(f"{__name__}.{m.name}"), "ROLE"))
+__all__ = ["Built", "Role", "RoleModule", "get"]
 
 
 def get(name: str) -> Role:
