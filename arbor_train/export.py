@@ -16,6 +16,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from . import __version__, roles
+from .errors import ConfigError, InputError, MissingInputError, OutputExistsError, entry_point, parse_bool
 from .paths import CONF_DIR
 
 
@@ -30,14 +31,19 @@ def export(run_dir: str | Path, out: str | Path, merged: bool | None = None, ove
     final = run_dir / "final"
     for need in ("adapter", "tokenizer", "role.json", "metrics.json", "config.yaml"):
         if not (final / need).exists():
-            raise FileNotFoundError(f"run_dir={str(run_dir)!r}: final/{need} missing (did training finish?)")
+            raise MissingInputError(f"run_dir={str(run_dir)!r}: final/{need} missing (did training finish?)")
     if out.exists() and not overwrite:
-        raise FileExistsError(f"out={str(out)!r} already exists; pass overwrite=true to replace it")
+        raise OutputExistsError(f"out={str(out)!r} already exists; pass overwrite=true to replace it")
     train_cfg = OmegaConf.to_container(OmegaConf.load(final / "config.yaml"), resolve=True)
-    role = json.loads((final / "role.json").read_text())
-    metrics = json.loads((final / "metrics.json").read_text())
+    role = _read_json(final / "role.json", "role")
+    metrics = _read_json(final / "metrics.json", "data_fingerprint")
+    if not isinstance(train_cfg, dict) or not isinstance(train_cfg.get("model"), dict):
+        raise InputError(f"{final / 'config.yaml'}: field 'model' missing (not a training run's config)")
     m = train_cfg["model"]
-    r = roles.get(role["role"])
+    try:
+        r = roles.get(role["role"])
+    except ConfigError as e:
+        raise InputError(f"{final / 'role.json'}: field 'role': {e}") from e
     kind = r.bundle_kind(m["family"])
     tiny = bool(m.get("tiny"))
     merged = tiny if merged is None else (merged or tiny)  # an in-process base exists nowhere else: merge it
@@ -76,6 +82,19 @@ def export(run_dir: str | Path, out: str | Path, merged: bool | None = None, ove
     return out
 
 
+def _read_json(path: Path, required: str) -> dict:
+    """A run's JSON record: an object with the `required` field, else an InputError naming the file."""
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: invalid JSON ({e})") from e
+    if not isinstance(d, dict) or required not in d:
+        raise InputError(f"{path}: missing field {required!r}")
+    if not isinstance(d[required], str):
+        raise InputError(f"{path}: field {required!r} must be a string, got {type(d[required]).__name__}")
+    return d
+
+
 def _log_wandb_artifact(out: Path, manifest: dict, wandb_cfg: dict) -> None:
     import os
 
@@ -91,9 +110,26 @@ def _log_wandb_artifact(out: Path, manifest: dict, wandb_cfg: dict) -> None:
     run.finish()
 
 
+def check_options(cfg: DictConfig) -> dict:
+    """The command's options read strictly (run_dir and out required, booleans true/false)."""
+    for key in ("run_dir", "out"):
+        if OmegaConf.is_missing(cfg, key) or not cfg[key]:
+            raise ConfigError(f"option {key} is required: python -m arbor_train.export run_dir=<training run dir> "
+                              f"out=<bundle dir>")
+    o = {"run_dir": str(cfg.run_dir), "out": str(cfg.out),
+         "merged": None if cfg.merged is None else parse_bool(cfg.merged, "merged"),
+         "overwrite": parse_bool(cfg.overwrite, "overwrite"),
+         "log_artifact": parse_bool(cfg.log_artifact, "log_artifact")}
+    if not Path(o["run_dir"]).is_dir():
+        raise MissingInputError(f"option run_dir={o['run_dir']!r}: no such folder")
+    return o
+
+
 @hydra.main(config_path=str(CONF_DIR), config_name="export", version_base="1.3")
+@entry_point
 def main(cfg: DictConfig) -> None:
-    p = export(cfg.run_dir, cfg.out, cfg.merged, cfg.overwrite, cfg.log_artifact)
+    o = check_options(cfg)
+    p = export(o["run_dir"], o["out"], o["merged"], o["overwrite"], o["log_artifact"])
     print(f"wrote bundle {p}")
 
 

@@ -10,7 +10,9 @@ import torch
 
 def _warmup_steps(total_steps: int, warmup_ratio: float) -> int:
     if not 0 <= warmup_ratio < 1:
-        raise ValueError(f"option scheduler.warmup_ratio must be in [0, 1), got {warmup_ratio}")
+        from .errors import ConfigError
+
+        raise ConfigError(f"option scheduler.warmup_ratio must be in [0, 1), got {warmup_ratio}")
     return int(warmup_ratio * total_steps)
 
 

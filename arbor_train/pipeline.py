@@ -30,13 +30,67 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from . import roles
+from .errors import ConfigError, UserError, conf_options, entry_point, parse_bool, parse_choice, parse_int
 from .paths import CONF_DIR, REPO_ROOT
 
 FINGERPRINT_VERSION = 1
+EXIT_USER_ERROR = 2
 
 
 class StageError(RuntimeError):
-    pass
+    """The pipeline cannot go on: an option naming no stage (StageConfigError), or a stage that failed."""
+
+
+class StageConfigError(StageError, ConfigError):
+    """An option of the pipeline that cannot work (a user error: `error: ...`, exit 2)."""
+
+
+class StageUserError(StageError, UserError):
+    """A stage refused its options or input (it exited 2): the pipeline passes the user error on (exit 2)."""
+
+
+def check_options(c: dict) -> None:
+    """The pipeline's own options, checked before any stage is planned or run (a string such as
+    echo=maybe is refused, naming the option); stage options are checked by the stage commands."""
+    for key in ("only", "force"):
+        if not isinstance(c[key], list) or not all(isinstance(n, str) for n in c[key]):
+            raise StageConfigError(f"option {key} must be a list of stage names, got {c[key]!r}")
+    c["echo"] = parse_bool(c["echo"], "echo")
+    c["wandb"]["enabled"] = parse_bool(c["wandb"]["enabled"], "wandb.enabled")
+    d = c["data"]
+    d["workers"] = parse_int(d["workers"], "data.workers", minimum=1)
+    for name, node in d.items():
+        if name == "workers":
+            continue
+        if not isinstance(node, dict) or "preset" not in node or "seed" not in node:
+            raise StageConfigError(f"option data.{name} must be {{preset: <conf/preset>, seed: <int>}}, got {node!r}")
+        node["seed"] = parse_int(node["seed"], f"data.{name}.seed")
+    if not isinstance(c["train"], dict):
+        raise StageConfigError(f"option train must map roles to {{experiment, overrides, launcher}}, got {c['train']!r}")
+    for role, t in c["train"].items():
+        if role == "launcher":
+            continue
+        if not isinstance(t, dict) or not isinstance(t.get("experiment"), str):
+            raise StageConfigError(f"option train.{role}.experiment must name a conf/experiment file, got {t!r}")
+        parse_choice(t["experiment"], f"train.{role}.experiment", conf_options("experiment"))
+        if not isinstance(t.get("overrides", []), list):
+            raise StageConfigError(f"option train.{role}.overrides must be a list of overrides, got {t['overrides']!r}")
+    e = c["eval"]
+    e["budget"] = parse_int(e["budget"], "eval.budget", minimum=1)
+    if e["llm_sessions"] is not None:
+        e["llm_sessions"] = parse_int(e["llm_sessions"], "eval.llm_sessions", minimum=1)
+    from eval.compare import SETS
+
+    if not isinstance(e["sets"], list):
+        raise StageConfigError(f"option eval.sets must be a list of eval.compare sets, got {e['sets']!r}")
+    for k, name in enumerate(e["sets"]):
+        parse_choice(name, f"eval.sets[{k}]", sorted(SETS))
+    for key in ("untuned_profile", "tuned_profile"):
+        parse_choice(e[key], f"eval.{key}", conf_options("runtime"))
+    parse_choice(e["answer_model"], "eval.answer_model", conf_options("answer_model"))
+    for key in ("untuned_overrides", "tuned_overrides", "answer_overrides"):
+        if not isinstance(e[key], list):
+            raise StageConfigError(f"option eval.{key} must be a list of overrides, got {e[key]!r}")
 
 
 @dataclass
@@ -64,16 +118,26 @@ def train_roles(c: dict) -> dict[str, dict]:
     every role under `train:` (the keys other than `launcher`), in order."""
     from arbor_train.runtime.config import compose
 
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
     out = {}
     for role, t in c["train"].items():
         if role == "launcher":
             continue
-        roles.get(role)  # a known role, or a clear error naming it
-        cfg = compose("train", [f"experiment={t['experiment']}", *t["overrides"]])
-        out[role] = OmegaConf.to_container(cfg.task, resolve=True)
+        try:
+            roles.get(role)  # a known role, or a clear error naming it
+        except ConfigError as e:
+            raise StageConfigError(f"option train.{role}: {e}") from e
+        try:
+            cfg = compose("train", [f"experiment={t['experiment']}", *t["overrides"]])
+            out[role] = OmegaConf.to_container(cfg.task, resolve=True)
+        except (HydraException, OmegaConfBaseException) as e:
+            raise StageConfigError(f"option train.{role} (experiment={t['experiment']}, overrides={t['overrides']}): "
+                                   f"{e}") from e
         if out[role]["role"] != role:
-            raise StageError(f"option train.{role}.experiment={t['experiment']} trains role {out[role]['role']!r}, "
-                             f"not {role!r}")
+            raise StageConfigError(f"option train.{role}.experiment={t['experiment']} trains role "
+                                   f"{out[role]['role']!r}, not {role!r}")
     return out
 
 
@@ -172,14 +236,15 @@ def _run(stage: Stage, log: Path, echo: bool, env: dict) -> int:
 
 def run_pipeline(cfg: DictConfig | dict) -> dict:
     c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    check_options(c)
     out = Path(c["out"]).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     stages = plan(c)
     names = [s.name for s in stages]
     for key in ("only", "force"):
         bad = [n for n in c[key] if n not in names and n != "all"]
         if bad:
-            raise StageError(f"option {key}={bad}: unknown stage(s); stages are {', '.join(names)}")
+            raise StageConfigError(f"option {key}={bad}: unknown stage(s); stages are {', '.join(names)}")
+    out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE=os.environ.get("WANDB_MODE", c["wandb"]["mode"]),
                ARBOR_OUTPUT_ROOT=os.environ.get("ARBOR_OUTPUT_ROOT", str(out.parent)))
     fps: dict[str, str] = {}
@@ -194,8 +259,8 @@ def run_pipeline(cfg: DictConfig | dict) -> dict:
         skip = (done and not forced) or (c["only"] and st.name not in c["only"])
         if skip:
             if not done:
-                raise StageError(f"stage {st.name} has no finished output matching this configuration; "
-                                 f"run it (drop it from only=...) first")
+                raise StageConfigError(f"option only={c['only']}: stage {st.name} has no finished output matching "
+                                       f"this configuration; run it (drop it from only=...) first")
             print(f"[pipeline {i}/{len(stages)}] {st.name}: up to date (fingerprint {fp}, "
                   f"{prev['wall_s']:.1f}s when it ran), skipped", flush=True)
             timings.append({"stage": st.name, "wall_s": 0.0, "skipped": True, "ran_s": prev["wall_s"],
@@ -220,8 +285,10 @@ def run_pipeline(cfg: DictConfig | dict) -> dict:
         fps[st.name] = f"{fp}@{record['finished']}"
         if rc != 0:
             tail = (out / "logs" / f"{st.name}.log").read_text(errors="replace").splitlines()[-25:]
-            raise StageError(f"stage {st.name} failed (exit {rc}); log {out / 'logs' / (st.name + '.log')}:\n"
-                             + "\n".join(tail) + f"\nrerun: python -m arbor_train.pipeline (finished stages are kept)")
+            # exit 2: the stage refused its options or input (a user error, passed on); else it crashed
+            cls = StageUserError if rc == EXIT_USER_ERROR else StageError
+            raise cls(f"stage {st.name} failed (exit {rc}); log {out / 'logs' / (st.name + '.log')}:\n"
+                      + "\n".join(tail) + f"\nrerun: python -m arbor_train.pipeline (finished stages are kept)")
         print(f"[pipeline {i}/{len(stages)}] {st.name}: done in {wall:.1f}s", flush=True)
         timings.append({"stage": st.name, "wall_s": round(wall, 1), "skipped": False, "command": st.command(),
                         "what": st.what})
@@ -236,10 +303,15 @@ def run_pipeline(cfg: DictConfig | dict) -> dict:
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="pipeline", version_base="1.3")
+@entry_point
 def main(cfg: DictConfig) -> None:
+    """A user error (a pipeline option, or a stage that refused its own: exit 2) is an `error:` line and exit
+    2 (entry_point); a stage that crashed is reported with its log's tail and exit 1."""
     try:
         run_pipeline(cfg)
     except StageError as e:
+        if isinstance(e, UserError):
+            raise
         print(f"[pipeline] {e}", file=sys.stderr)
         sys.exit(1)
 

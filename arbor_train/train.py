@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .errors import ConfigError
+from .errors import ConfigError, entry_point, parse_bool, parse_float, parse_int
 from .paths import CONF_DIR, REPO_ROOT
 
 log = logging.getLogger(__name__)
@@ -33,10 +32,116 @@ def strategy_name(t: dict) -> str:
     return str(st)
 
 
+def _set(d: dict, key: str, parsed: Any) -> None:
+    """A number or boolean the user gave as a string becomes its value; a valid value stays as written
+    (the config is saved with the run and compared on resume)."""
+    if isinstance(d.get(key), str):
+        d[key] = parsed
+
+
+def _ratio(d: dict, key: str, option: str, below_one: bool) -> None:
+    if d.get(key) is None:
+        return
+    v = parse_float(d[key], option, minimum=0.0)
+    if v > 1 or (below_one and v == 1):
+        raise ConfigError(f"option {option} must lie in [0, 1{')' if below_one else ']'}, got {v}")
+    _set(d, key, v)
+
+
+def check_optim(cfg: dict) -> None:
+    """The optimizer and schedule nodes, read strictly and built once on a dummy parameter (torch.optim), so
+    `optim.lr=abc` is refused before any model is loaded or any baseline is measured."""
+    from hydra.utils import instantiate
+
+    o = cfg.get("optim")
+    if not isinstance(o, dict) or "_target_" not in o:
+        raise ConfigError(f"option optim must be a _target_ node (conf/optim/*.yaml), got {o!r}")
+    if "lr" not in o:
+        raise ConfigError(f"option optim.lr is required (optimizer {o['_target_']})")
+    _set(o, "lr", parse_float(o["lr"], "optim.lr", minimum=0.0, exclusive=True))
+    for key in ("weight_decay", "momentum", "dampening"):
+        if o.get(key) is not None:
+            _set(o, key, parse_float(o[key], f"optim.{key}", minimum=0.0))
+    if o.get("eps") is not None:
+        _set(o, "eps", parse_float(o["eps"], "optim.eps", minimum=0.0, exclusive=True))
+    if o.get("betas") is not None:
+        betas = o["betas"]
+        if not isinstance(betas, list) or len(betas) != 2:
+            raise ConfigError(f"option optim.betas must be a list of two numbers in [0, 1), got {betas!r}")
+        for k in range(2):
+            v = parse_float(betas[k], f"optim.betas[{k}]", minimum=0.0)
+            if v >= 1:
+                raise ConfigError(f"option optim.betas[{k}] must lie in [0, 1), got {v}")
+            if isinstance(betas[k], str):
+                betas[k] = v
+    if str(o["_target_"]).startswith("torch.optim."):
+        try:
+            instantiate(o)([torch.nn.Parameter(torch.zeros(1))])
+        except Exception as e:  # a wrong class, argument or value
+            raise ConfigError(f"option optim: cannot build the optimizer ({type(e).__name__}: {e})") from e
+    sc = cfg.get("scheduler")
+    if sc:
+        if not isinstance(sc, dict) or "_target_" not in sc:
+            raise ConfigError(f"option scheduler must be a _target_ node (conf/scheduler/*.yaml) or absent, got {sc!r}")
+        _ratio(sc, "warmup_ratio", "scheduler.warmup_ratio", below_one=True)
+        _ratio(sc, "min_lr_ratio", "scheduler.min_lr_ratio", below_one=False)
+
+
+def check_options(cfg: dict) -> None:
+    """Counts, ratios and switches of the run read strictly (a string where a number or boolean belongs is
+    refused, naming the option), before any work."""
+    _set(cfg, "seed", parse_int(cfg.get("seed"), "seed"))
+    if cfg.get("torch_threads") is not None:
+        _set(cfg, "torch_threads", parse_int(cfg["torch_threads"], "torch_threads", minimum=1))
+    t = cfg["trainer"]
+    for key, lo in (("max_steps", -1), ("max_epochs", -1), ("accumulate_grad_batches", 1), ("num_nodes", 1),
+                    ("log_every_n_steps", 1)):
+        if t.get(key) is not None:
+            _set(t, key, parse_int(t[key], f"trainer.{key}", minimum=lo))
+    if t.get("gradient_clip_val") is not None:
+        _set(t, "gradient_clip_val", parse_float(t["gradient_clip_val"], "trainer.gradient_clip_val", minimum=0.0))
+    task, data, peft = cfg["task"], cfg["data"], cfg["peft"]
+    for key in ("batch_size", "max_length", "group_size", "pack_length", "gen_batch_size", "max_new_tokens"):
+        if task.get(key) is not None:
+            _set(task, key, parse_int(task[key], f"task.{key}", minimum=1))
+    if task.get("gen_examples") is not None:
+        _set(task, "gen_examples", parse_int(task["gen_examples"], "task.gen_examples", minimum=0))
+    for key in ("compare_baselines", "packing", "packed_attention", "include_new_root"):
+        if key in task:
+            _set(task, key, parse_bool(task[key], f"task.{key}"))
+    _ratio(task, "nonempty_share", "task.nonempty_share", below_one=False)
+    for key in ("max_train_examples", "max_val_examples"):
+        if data.get(key) is not None:
+            _set(data, key, parse_int(data[key], f"data.{key}", minimum=1))
+    if "shuffle" in data:
+        _set(data, "shuffle", parse_bool(data["shuffle"], "data.shuffle"))
+    if data.get("val_dir") is None and data.get("val_fraction") is not None:
+        v = parse_float(data["val_fraction"], "data.val_fraction", minimum=0.0, exclusive=True)
+        if v >= 1:
+            raise ConfigError(f"option data.val_fraction must lie in (0, 1) (the held-out share), got {v}")
+        _set(data, "val_fraction", v)
+    for key in ("train_dir", "val_dir"):
+        d = data.get(key)
+        if key == "train_dir" or d is not None:
+            if not (Path(str(d)) / "hf").is_dir():
+                from .errors import MissingInputError
+
+                raise MissingInputError(f"option data.{key}={str(d)!r}: no hf/ folder (run python -m "
+                                        f"data_gen.branchmem or data_gen.locomo first)")
+    _set(peft, "enabled", parse_bool(peft.get("enabled"), "peft.enabled"))
+    if peft["enabled"]:
+        for key in ("r", "alpha"):
+            if peft.get(key) is not None:
+                _set(peft, key, parse_int(peft[key], f"peft.{key}", minimum=1))
+        _ratio(peft, "dropout", "peft.dropout", below_one=True)
+    check_optim(cfg)
+
+
 def check_combination(cfg: dict) -> None:
-    """Refuse, before any work, combinations that cannot work (the role's own checks included)."""
+    """Refuse, before any work, options and combinations that cannot work (the role's own checks included)."""
     from . import roles
 
+    check_options(cfg)
     t, m = cfg["trainer"], cfg["model"]
     if str(t.get("accelerator")) in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ConfigError(f"trainer.accelerator={t['accelerator']} (strategy {strategy_name(t)}) needs GPUs; this "
@@ -194,12 +299,9 @@ def _flat(d: dict, prefix: str = "") -> dict[str, float]:
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
+@entry_point
 def main(cfg: DictConfig) -> None:
-    try:
-        res = train(cfg)
-    except ConfigError as e:  # a user's mistake: the message names the option; no traceback
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    res = train(cfg)  # a user's mistake (ConfigError, InputError) is an `error:` line and exit 2: entry_point
     print(json.dumps({k: res[k] for k in ("run_dir", "metrics", "baselines", "tokens_per_s", "params")
                       if k in res}, default=str, sort_keys=True))
 

@@ -42,7 +42,9 @@ class SetWriter:
     def __init__(self, out_dir: str | Path, names: Iterable[str], overwrite: bool):
         self.out_dir = Path(out_dir)
         if self.out_dir.exists() and not overwrite:
-            raise FileExistsError(f"out_dir={str(self.out_dir)!r} already exists; pass overwrite=true to replace it")
+            from arbor_train.errors import OutputExistsError
+
+            raise OutputExistsError(f"out_dir={str(self.out_dir)!r} already exists; pass overwrite=true to replace it")
         self.tmp = self.out_dir.with_name(self.out_dir.name + ".tmp")
         shutil.rmtree(self.tmp, ignore_errors=True)
         (self.tmp / "jsonl").mkdir(parents=True)
@@ -117,6 +119,41 @@ class SetWriter:
             shutil.rmtree(self.out_dir)
         self.tmp.rename(self.out_dir)
         return self.out_dir
+
+
+def read_rows(path: str | Path, name: str) -> list[dict]:
+    """Read a JSONL mirror (<out_dir>/jsonl/<name>.jsonl) back, checked row by row against the set's schema.
+
+    A line that is not JSON, a row that does not fit the schema (a string where a boolean belongs, a null
+    text, a lone surrogate) and a repeated id are refused; the error names the file, the line and the field.
+    """
+    from arbor_train.errors import InputError
+    from data_gen.schema import ROW_IDS, validate_row
+
+    p = Path(path)
+    rows: list[dict] = []
+    seen: dict = {}
+    with open(p, encoding="utf-8", errors="surrogateescape") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.isascii():
+                try:
+                    line.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    raise InputError(f"{p} line {lineno}: not UTF-8 text (character {e.start})") from e
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputError(f"{p} line {lineno}: invalid JSON ({e.msg}, column {e.colno})") from e
+            key = ROW_IDS.get(name)
+            rid = row.get(key) if isinstance(row, dict) and key else None
+            validate_row(name, row, f"{p} line {lineno}" + (f" ({key}={rid!r})" if isinstance(rid, str) else "")
+                         + f": {name}")
+            if key is not None:
+                if row[key] in seen:
+                    raise InputError(f"{p}: duplicate {key} {row[key]!r} on lines {seen[row[key]]} and {lineno}")
+                seen[row[key]] = lineno
+            rows.append(row)
+    return rows
 
 
 def write_sets(out_dir: Path, rows: dict[str, list[dict]], stats: dict, card_text: str, overwrite: bool) -> Path:

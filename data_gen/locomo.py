@@ -37,6 +37,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from arbor_train.errors import (ConfigError, MissingInputError, OutputExistsError, conf_options, entry_point,
+                                parse_bool, parse_choice, parse_int)
 from arbor_train.paths import CONF_DIR
 
 log = logging.getLogger(__name__)
@@ -266,23 +268,30 @@ def _run(cfg: DictConfig) -> dict:
     from data_gen.io import write_sets
     from eval.benchmarks.locomo import load_locomo
 
-    if not cfg.input:
-        raise ValueError("option input (a LoCoMo file or folder) is required, e.g. input=../shared/data/locomo")
-    categories = [int(c) for c in cfg.categories]
+    if OmegaConf.is_missing(cfg, "input") or not cfg.input:
+        raise ConfigError("option input (a LoCoMo file or folder) is required, e.g. input=../shared/data/locomo")
+    if not Path(str(cfg.input)).exists():
+        raise MissingInputError(f"option input={str(cfg.input)!r}: no such file or folder")
+    if isinstance(cfg.categories, str) or not cfg.categories:
+        raise ConfigError(f"option categories must be a non-empty list of LoCoMo categories (1-5), got {cfg.categories!r}")
+    categories = [parse_int(c, f"categories[{k}]") for k, c in enumerate(cfg.categories)]
     bad = [c for c in categories if c not in (1, 2, 3, 4, 5)]
     if bad:
-        raise ValueError(f"option categories has unknown LoCoMo categories {bad}; valid: 1-5")
+        raise ConfigError(f"option categories has unknown LoCoMo categories {bad}; valid: 1-5")
+    if isinstance(cfg.rules, str):
+        raise ConfigError(f"option rules must be a list of rules ({', '.join(RULES)}), got {cfg.rules!r}")
     rules = list(cfg.rules)
     if set(rules) - set(RULES):
-        raise ValueError(f"option rules has unknown rules {sorted(set(rules) - set(RULES))}; valid: {list(RULES)}")
+        raise ConfigError(f"option rules has unknown rules {sorted(set(rules) - set(RULES))}; valid: {list(RULES)}")
+    overwrite, progress = parse_bool(cfg.overwrite, "overwrite"), parse_bool(cfg.progress, "progress")
+    parse_choice(cfg.runtime_profile, "runtime_profile", conf_options("runtime"))
     out = Path(str(cfg.out_dir))
-    if out.exists() and not cfg.overwrite:  # fail before any work
-        raise FileExistsError(f"out_dir={str(out)!r} already exists; pass overwrite=true to replace it")
+    if out.exists() and not overwrite:  # fail before any work
+        raise OutputExistsError(f"out_dir={str(out)!r} already exists; pass overwrite=true to replace it")
     convs = load_locomo(str(cfg.input))
-    rows, label_counts, recall = convert(convs, default_config(cfg.runtime_profile), categories, rules,
-                                         bool(cfg.progress))
+    rows, label_counts, recall = convert(convs, default_config(cfg.runtime_profile), categories, rules, progress)
     stats = compute_stats(convs, rows, label_counts, recall, categories)
-    write_sets(out, rows, stats, card(stats, str(cfg.input)), bool(cfg.overwrite))
+    write_sets(out, rows, stats, card(stats, str(cfg.input)), overwrite)
     print(f"wrote {out}: {stats['conversations']} conversations, {stats['sessions']} sessions, "
           f"{stats['turns']} turns, {stats['qa_split']['questions']} QA questions; weak labels "
           f"{stats['weak_labels_by_rule']}")
@@ -290,6 +299,7 @@ def _run(cfg: DictConfig) -> dict:
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="locomo", version_base="1.3")
+@entry_point
 def main(cfg: DictConfig) -> None:
     run(cfg)
 

@@ -11,6 +11,8 @@ from typing import Any
 
 from datasets import Features, Sequence, Value
 
+from arbor_train.errors import InputError
+
 CANDIDATE = {
     "turn": Value("int32"),            # turn index of the candidate state in its session
     "topic_key": Value("string"),
@@ -65,8 +67,14 @@ SCHEMAS: dict[str, Features] = {
 }
 
 
-class SchemaError(ValueError):
-    pass
+class SchemaError(InputError):
+    """A row that does not fit its set's schema: the message names the set, the row and the field."""
+
+
+# set -> the field whose value identifies a row (unique within a set); nested lists whose key must be
+# unique within one row: (list field, key field)
+ROW_IDS = {"sessions": "session_id", "qa": "question_id", "conversations": "conversation_id"}
+NESTED_IDS = {"sessions": [("turns", "index"), ("questions", "turn")]}
 
 
 def _check(value: Any, feat: Any, where: str) -> None:
@@ -96,17 +104,42 @@ def _check(value: Any, feat: Any, where: str) -> None:
                 return
             raise SchemaError(f"{where}: null is not allowed")
         ok = {"string": str, "bool": bool, "int32": int, "int64": int, "float32": (int, float)}[feat.dtype]
-        if not isinstance(value, ok) or (ok is int and isinstance(value, bool)):
+        if not isinstance(value, ok) or (ok is not bool and isinstance(value, bool)):
             raise SchemaError(f"{where}: expected {feat.dtype}, got {type(value).__name__}")
+        if ok is str and not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise SchemaError(f"{where}: not valid UTF-8 text ({e.reason} at character {e.start})") from e
+
+
+def validate_row(name: str, row: Any, where: str) -> None:
+    """One row against the named schema (types, nulls, UTF-8 text, ids unique within the row); `where`
+    names the row in errors."""
+    if name not in SCHEMAS:
+        raise SchemaError(f"unknown supervision set {name!r}; known: {sorted(SCHEMAS)}")
+    _check(row, dict(SCHEMAS[name]), where)
+    for field, key in NESTED_IDS.get(name, []):
+        first: dict = {}
+        for j, item in enumerate(row[field]):
+            if item[key] in first:
+                raise SchemaError(f"{where}.{field}: duplicate {key} {item[key]!r} at {field}[{first[item[key]]}] "
+                                  f"and {field}[{j}]")
+            first[item[key]] = j
 
 
 def validate_rows(name: str, rows: list[dict], source: str = "") -> None:
     """Check rows against the named schema; the error names the set, the row and the field."""
     if name not in SCHEMAS:
         raise SchemaError(f"unknown supervision set {name!r}; known: {sorted(SCHEMAS)}")
-    feats = dict(SCHEMAS[name])
+    seen: dict = {}
     for i, row in enumerate(rows):
-        _check(row, feats, f"{source}{name}[{i}]")
+        validate_row(name, row, f"{source}{name}[{i}]")
+        if name in ROW_IDS:
+            rid = row[ROW_IDS[name]]
+            if rid in seen:
+                raise SchemaError(f"{source}{name}: duplicate {ROW_IDS[name]} {rid!r} at rows {seen[rid]} and {i}")
+            seen[rid] = i
 
 
 def check_dataset(name: str, ds) -> None:

@@ -21,6 +21,7 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from arbor_train.errors import ConfigError, MissingInputError, conf_options, entry_point, parse_choice, parse_int
 from arbor_train.paths import CONF_DIR
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def bench_runtime(cfg: DictConfig) -> dict:
     from arbor_train.runtime.rerank import build_reranker
 
     b = cfg.bench
-    sizes = sorted(int(s) for s in b.sizes)
+    sizes = sorted(parse_int(s, f"bench.sizes[{k}]", minimum=1) for k, s in enumerate(b.sizes))
     results: dict = {}
     for label, profile in b.profiles.items():
         rcfg = default_config(profile)
@@ -136,7 +137,7 @@ def bench_runtime(cfg: DictConfig) -> dict:
 def _throughput(tokens: list[int], seconds: list[float], warmup: int, padding: list[float], **extra) -> dict:
     """tokens/s over the timed steps (those after `warmup`), from per-step real tokens and wall times."""
     if len(seconds) <= warmup:
-        raise ValueError(f"only {len(seconds)} steps ran, not more than bench_train.warmup_steps={warmup}: "
+        raise ConfigError(f"only {len(seconds)} steps ran, not more than bench_train.warmup_steps={warmup}: "
                          "raise bench_train.examples (the data ran out) or lower warmup_steps")
     tok, sec = sum(tokens[warmup : len(seconds)]), sum(seconds[warmup:])
     return {"tokens_per_s": round(tok / sec, 1), "padding_fraction": round(statistics.mean(padding[: len(seconds)]), 4),
@@ -166,7 +167,7 @@ def bench_train(cfg: DictConfig) -> dict:
     b = cfg.bench_train
     steps, warmup = int(b.steps), int(b.warmup_steps)
     if steps <= warmup:
-        raise ValueError(f"option bench_train.steps={steps} must exceed bench_train.warmup_steps={warmup}")
+        raise ConfigError(f"option bench_train.steps={steps} must exceed bench_train.warmup_steps={warmup}")
     scratch = tempfile.TemporaryDirectory(prefix="arbor_bench_train_")
     over = [f"model={b.model}", "task=extractor_states", f"data.train_dir={b.data_dir}", "logger=csv",
             f"data.max_train_examples={b.examples}", "data.max_val_examples=8", f"task.batch_size={b.packs_per_batch}",
@@ -239,13 +240,43 @@ def bench_train(cfg: DictConfig) -> dict:
 TARGETS = {"runtime": bench_runtime, "train": bench_train}
 
 
+def check_options(cfg: DictConfig) -> None:
+    """The target's options, checked before any model is built or any memory is filled."""
+    parse_choice(cfg.target, "target", sorted(TARGETS))
+    if cfg.target == "runtime":
+        b = cfg.bench
+        if isinstance(b.sizes, str) or not b.sizes:
+            raise ConfigError(f"option bench.sizes must be a non-empty list of forest sizes, got {b.sizes!r}")
+        for k, size in enumerate(b.sizes):
+            parse_int(size, f"bench.sizes[{k}]", minimum=1)
+        for key in ("window", "queries"):
+            parse_int(b[key], f"bench.{key}", minimum=1)
+        parse_int(b.seed, "bench.seed")
+        if not b.profiles:
+            raise ConfigError("option bench.profiles must map labels to conf/runtime profiles")
+        for label, profile in b.profiles.items():
+            parse_choice(profile, f"bench.profiles.{label}", conf_options("runtime"))
+        return
+    b = cfg.bench_train
+    parse_choice(b.model, "bench_train.model", conf_options("model"))
+    for key in ("examples", "steps", "max_length", "pack_length", "packs_per_batch", "hf_batch_size", "threads"):
+        parse_int(b[key], f"bench_train.{key}", minimum=1)
+    steps, warmup = parse_int(b.steps, "bench_train.steps"), parse_int(b.warmup_steps, "bench_train.warmup_steps",
+                                                                         minimum=0)
+    if steps <= warmup:
+        raise ConfigError(f"option bench_train.steps={steps} must exceed bench_train.warmup_steps={warmup}")
+    if not (Path(str(b.data_dir)) / "hf").is_dir():
+        raise MissingInputError(f"option bench_train.data_dir={str(b.data_dir)!r}: no hf/ folder (python -m "
+                                f"data_gen.branchmem preset=train_cpu first)")
+
+
 def run(cfg: DictConfig) -> dict:
-    if cfg.target not in TARGETS:
-        raise ValueError(f"option target must be one of {sorted(TARGETS)}, got {cfg.target!r}")
+    check_options(cfg)
     return TARGETS[cfg.target](cfg)
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="bench", version_base="1.3")
+@entry_point
 def main(cfg: DictConfig) -> None:
     logging.getLogger("arbor_train").setLevel(logging.ERROR)
     out = run(cfg)

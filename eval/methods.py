@@ -212,7 +212,9 @@ def build_method(name: str, runtime_cfg: dict, components: dict, session_id: str
         return DenseMethod(counter, components["embedder"], prefilter)
     if name == "fact_store":
         return FactStoreMethod(runtime_cfg, components, session_id, counter)
-    raise ValueError(f"option method must be one of arbormem, full_context, bm25, dense, fact_store; got {name!r}")
+    from arbor_train.errors import ConfigError
+
+    raise ConfigError(f"option method must be one of {', '.join(METHODS)}; got {name!r}")
 
 
 METHODS = ("arbormem", "full_context", "bm25", "dense", "fact_store")

@@ -20,7 +20,107 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from arbor_train.errors import (ConfigError, MissingInputError, conf_options, entry_point, parse_bool, parse_choice,
+                                parse_float, parse_int)
 from arbor_train.paths import CONF_DIR
+
+BENCHMARKS = ("branchmem", "locomo", "longmemeval", "beam")
+LLM_BACKENDS = ("hf", "openai")
+
+
+def _check_llm(node: dict, option: str) -> None:
+    if not isinstance(node, dict):
+        raise ConfigError(f"option {option} must be a mapping with backend ({', '.join(LLM_BACKENDS)}) and model")
+    parse_choice(node.get("backend", "hf"), f"{option}.backend", LLM_BACKENDS)
+    if not isinstance(node.get("model"), str) or not node["model"]:
+        raise ConfigError(f"option {option}.model must name a model, got {node.get('model')!r}")
+    if node.get("batch_size") is not None:
+        parse_int(node["batch_size"], f"{option}.batch_size", minimum=1)
+
+
+def _set(d: dict, key: str, parsed) -> None:
+    """Keep a valid value as the user wrote it (results.json records the config); a string becomes its parse."""
+    if isinstance(d.get(key), str):
+        d[key] = parsed
+
+
+def check_options(c: dict) -> None:
+    """Refuse, before any model or data is loaded, options that cannot work (numbers and booleans read
+    strictly: budget=lots or wandb.enabled=maybe is an error naming the option); a number or boolean
+    given as a string is replaced in `c` by its value."""
+    from .methods import METHODS
+
+    parse_choice(c["method"], "method", METHODS)
+    if c["benchmark"] not in BENCHMARKS:
+        raise ConfigError(f"option benchmark={c['benchmark']!r} is unknown; valid: {', '.join(BENCHMARKS)}")
+    _set(c, "budget", parse_int(c["budget"], "budget", minimum=1))
+    _set(c, "prefilter", parse_float(c["prefilter"], "prefilter", minimum=0.0, exclusive=True))
+    if c["max_sessions"] is not None:
+        _set(c, "max_sessions", parse_int(c["max_sessions"], "max_sessions", minimum=1))
+    parse_choice(c["runtime_profile"], "runtime_profile", conf_options("runtime"))
+    ov = c["runtime_overrides"]
+    if not isinstance(ov, list) or not all(isinstance(o, str) for o in ov):
+        raise ConfigError(f"option runtime_overrides must be a list of override strings (key=value), got {ov!r}")
+    for k, v in c["ablation"].items():
+        if k != "name":
+            _set(c["ablation"], k, parse_bool(v, f"ablation.{k}"))
+    _set(c["wandb"], "enabled", parse_bool(c["wandb"]["enabled"], "wandb.enabled"))
+    am = c["answer_model"]
+    parse_choice(am.get("kind"), "answer_model.kind", ("none", "llm"))
+    _set(am, "max_new_tokens", parse_int(am.get("max_new_tokens"), "answer_model.max_new_tokens", minimum=1))
+    if am["kind"] == "llm":
+        _check_llm(am.get("llm"), "answer_model.llm")
+    judge = c.get("judge") or {}
+    parse_choice(judge.get("kind", "none"), "judge.kind", ("none", "llm"))
+    if judge.get("kind") == "llm":
+        _check_llm(judge.get("llm"), "judge.llm")
+    b = c["benchmark"]
+    if b == "branchmem":
+        data = Path(c["data_dir"]) / "jsonl" / "sessions.jsonl"
+        if not data.exists():
+            raise MissingInputError(f"option data_dir={c['data_dir']!r}: {data} missing (python -m data_gen.branchmem)")
+    else:
+        node = c.get(b) or {}
+        inp = node.get("input")
+        if inp in (None, "", "???"):
+            raise ConfigError(f"benchmark={b} needs option {b}.input (the {b} file or folder), e.g. {b}.input=PATH")
+        if not Path(str(inp)).exists():
+            raise MissingInputError(f"option {b}.input={str(inp)!r}: no such file or folder")
+    if b == "locomo":
+        cats = c["locomo"].get("categories")
+        if not isinstance(cats, list) or not cats:
+            raise ConfigError(f"option locomo.categories must be a non-empty list of LoCoMo categories (1-5), got {cats!r}")
+        for k, x in enumerate(cats):
+            parse_choice(parse_int(x, f"locomo.categories[{k}]"), f"locomo.categories[{k}]", (1, 2, 3, 4, 5))
+
+
+def runtime_config(c: dict) -> dict:
+    """The runtime configuration of the run: its profile, the overrides, then the ablation switches."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from arbor_train.runtime import default_config
+
+    try:
+        runtime_cfg = default_config(c["runtime_profile"], list(c["runtime_overrides"]))
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(f"option runtime_overrides={c['runtime_overrides']} (runtime_profile="
+                          f"{c['runtime_profile']}): {e}") from e
+    for k, v in c["ablation"].items():
+        if k == "name":
+            continue
+        if k not in runtime_cfg["ablation"]:
+            raise ConfigError(f"option ablation.{k} is not a runtime ablation switch ({sorted(runtime_cfg['ablation'])})")
+        runtime_cfg["ablation"][k] = v
+    return runtime_cfg
+
+
+def load_sessions(data_dir: str | Path) -> list[dict]:
+    """BranchMemEval sessions (<data_dir>/jsonl/sessions.jsonl), every row schema-checked; ids unique."""
+    from data_gen.io import read_rows
+
+    return read_rows(Path(data_dir) / "jsonl" / "sessions.jsonl", "sessions")
+
 
 def build_answer_model(cfg: dict):
     """None (no generation: answer-independent metrics only), or an LLM backend (hf | openai)."""
@@ -257,7 +357,7 @@ CONVERSATION_PROTOCOLS = {"locomo": (_load_locomo, replay_locomo),
 
 
 def summarize(qrecs: list[dict], trecs: list[dict]) -> dict[str, Any]:
-    from eval.scoring import aggregate
+    from eval.scoring import ERROR_CATEGORIES, aggregate
 
     n = len(qrecs)
     out: dict[str, Any] = {
@@ -280,35 +380,25 @@ def summarize(qrecs: list[dict], trecs: list[dict]) -> dict[str, Any]:
         out["accuracy"] = agg["accuracy"]
         out["accuracy_by_dimension"] = {k: v["accuracy"] for k, v in agg["by"]["dimension"]["groups"].items()}
         out["accuracy_by_type"] = {k: v["accuracy"] for k, v in agg["by"]["question_type"]["groups"].items()}
-        out["errors"] = agg["errors"]
+        out["errors"] = {c: agg["errors"].get(c, 0) for c in ERROR_CATEGORIES}  # every class, hedge included
     return out
 
 
 def run(cfg: DictConfig) -> dict:
-    from arbor_train.runtime import TokenCounter, build_components, default_config
+    from arbor_train.runtime import TokenCounter, build_components
     from data_gen.io import quiet
 
-    from .methods import METHODS, build_method
+    from .methods import build_method
 
     c = OmegaConf.to_container(cfg, resolve=True)
-    if c["method"] not in METHODS:
-        raise ValueError(f"option method must be one of {', '.join(METHODS)}; got {c['method']!r}")
-    if c["benchmark"] not in ("branchmem", "locomo", "longmemeval", "beam"):
-        raise ValueError(f"option benchmark={c['benchmark']!r} is unknown; valid: branchmem, locomo, longmemeval, beam")
-    data = Path(c["data_dir"]) / "jsonl" / "sessions.jsonl"
-    if c["benchmark"] == "branchmem" and not data.exists():
-        raise FileNotFoundError(f"option data_dir={c['data_dir']!r}: {data} missing (python -m data_gen.branchmem)")
-    runtime_cfg = default_config(c["runtime_profile"], list(c["runtime_overrides"]))
-    for k, v in c["ablation"].items():
-        if k == "name":
-            continue
-        if k not in runtime_cfg["ablation"]:
-            raise ValueError(f"option ablation.{k} is not a runtime ablation switch ({sorted(runtime_cfg['ablation'])})")
-        runtime_cfg["ablation"][k] = v
+    check_options(c)
+    runtime_cfg = runtime_config(c)
     counter = TokenCounter(runtime_cfg["context"]["tokenizer"])
     fixed = counter.count("Current time: 2025-01-01T00:00") + 40
     if c["budget"] <= fixed:
-        raise ValueError(f"option budget={c['budget']} is smaller than the fixed prompt ({fixed} tokens)")
+        raise ConfigError(f"option budget={c['budget']} is smaller than the fixed prompt ({fixed} tokens)")
+    if c["benchmark"] == "branchmem":
+        sessions = load_sessions(c["data_dir"])[: c["max_sessions"] or None]
     llm = build_answer_model(c["answer_model"])
     from .answers import Answers
 
@@ -330,7 +420,6 @@ def run(cfg: DictConfig) -> dict:
                 m.close()
             n_units = len(convs)
         else:
-            sessions = [json.loads(line) for line in data.open(encoding="utf-8")][: c["max_sessions"] or None]
             for s in sessions:
                 m = build_method(c["method"], runtime_cfg, comps, s["session_id"], counter, c["prefilter"])
                 q, t = replay_session(s, m, answers, c["budget"])
@@ -382,6 +471,7 @@ def log_wandb(c: dict, res: dict, out: Path, pictures: list[Path]) -> None:
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="eval", version_base="1.3")
+@entry_point
 def main(cfg: DictConfig) -> None:
     run(cfg)
 

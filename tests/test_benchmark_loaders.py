@@ -342,3 +342,71 @@ def test_beam_string_literal_is_never_executed(tmp_path):
     (d / "probing_questions.json").write_text(json.dumps(pq))
     q = _load(d).questions[0]
     assert (q.question_id, q.answer, q.evidence, q.extra["answer"]) == ("information_extraction:0", "7", ["0"], 7)
+
+
+# ----------------------------------------------------------------------------- strict types (issue #14)
+
+
+def _lme_mutated(mutate):
+    data = _lme_raw()
+    mutate(data)
+    return data
+
+
+@pytest.mark.parametrize("mutate, msg", [
+    # a string where a boolean belongs was taken as true: "false" made a turn evidence
+    (lambda d: d[1]["haystack_sessions"][2][1].update(has_answer="false"),
+     r"instance 1 \(question_id='6a1eabeb'\): session 'answer_ku_2' message 1: field 'has_answer' must be true or "
+     r"false, got 'false'"),
+    # a null question became the text "None"
+    (lambda d: d[0].update(question=None), r"instance 0 \(question_id='e47becba'\): field 'question' must be a "
+                                           r"string, got null"),
+    (lambda d: d[2].update(question_id=7), r"instance 2 \(question_id=7\): field 'question_id' must be a string"),
+    (lambda d: d[0]["haystack_session_ids"].__setitem__(1, None), r"instance 0 .*field 'haystack_session_ids\[1\]' "
+                                                                   r"must be a string, got null"),
+    (lambda d: d[2].update(question_id=d[0]["question_id"], question_type=d[0]["question_type"]),
+     r"longmemeval_s_bad\.json: duplicate question_id 'e47becba' at instance 0 and instance 2"),
+    (lambda d: d[1]["haystack_sessions"][0][0].update(content="bad \ud800 text"),
+     r"instance 1 .*session 'answer_ku_1' message 0: field 'content' is not valid UTF-8 text"),
+    (lambda d: d[0].update(answer=True), r"instance 0 .*field 'answer' must be a string, got bool"),
+])
+def test_lme_strict_types_duplicates_and_text(tmp_path, mutate, msg):
+    with pytest.raises(BenchmarkFormatError, match=msg):
+        load_longmemeval(_write(tmp_path, _lme_mutated(mutate)))
+
+
+def test_lme_integer_answers_and_repeated_sessions_stay_accepted(tmp_path):
+    """What the release does (answers that are numbers; 13 LongMemEval-S histories hold one filler session
+    twice) still loads as before."""
+    data = _lme_raw()
+    data[0]["answer"] = 3
+    data[1]["haystack_session_ids"][1] = data[1]["haystack_session_ids"][0]
+    convs = load_longmemeval(_write(tmp_path, data))
+    assert convs[0].questions[0].answer == "3"
+    assert [s.session_id for s in convs[1].sessions][:2] == ["answer_ku_1", "answer_ku_1"]
+
+
+@pytest.mark.parametrize("where, mutate, msg", [
+    ("chat", lambda c, p: c[1]["turns"][0][1].update(id=1),
+     r"chat\.json: duplicate message id '1' at batch1 message 1 and batch2 message 1"),
+    ("chat", lambda c, p: c[1].update(batch_number=1), r"chat\.json: duplicate batch 'batch1' at batch position 0 "
+                                                       r"and batch position 1"),
+    ("chat", lambda c, p: c[0]["turns"][0][0].update(id=None), r"chat\.json: batch 1: turns\[0\]\[0\]: field 'id' "
+                                                               r"must be an integer or a string, got null"),
+    ("chat", lambda c, p: c[0]["turns"][1][1].update(content="x\udfff"),
+     r"chat\.json: batch 1: turns\[1\]\[1\] \(id 3\): field 'content' is not valid UTF-8 text"),
+    ("chat", lambda c, p: c[0]["turns"][0][1].update(role=None), r"turns\[0\]\[1\] \(id 1\): field 'role' must be a "
+                                                                 r"string, got null"),
+    ("probing", lambda c, p: p["knowledge_update"][0].update(question=None),
+     r"probing_questions\.json: ability 'knowledge_update' item 0 \(knowledge_update:0\): field 'question' must be "
+     r"a string, got null"),
+    ("probing", lambda c, p: p["abstention"][0].update(answer=False), r"ability 'abstention' item 0 .*field 'answer'"),
+])
+def test_beam_strict_types_duplicates_and_text(tmp_path, where, mutate, msg):
+    d = _beam_copy(tmp_path)
+    chat, pq = _chat(d), _probing(d)
+    mutate(chat, pq)
+    (d / "chat.json").write_text(json.dumps(chat))
+    (d / "probing_questions.json").write_text(json.dumps(pq))
+    with pytest.raises(BenchmarkFormatError, match=msg):
+        _load(d)

@@ -130,9 +130,26 @@ def test_existing_out_dir_is_never_replaced_silently(formal):
     (["command=shuffle"], "option command"),
     (["preset.turns_min=60"], "preset.turns_min"),
     (["command=merge"], "merge_from"),
+    (["preset=smoke", "preset.sessions=0"], r"option preset\.sessions must be at least 1, got 0"),
+    (["preset=smoke", "preset.question_types=[bogus]"], r"option preset\.question_types\[0\] must be one of update_current"),
+    (["preset=smoke", "preset.question_types=[]"], r"option preset\.question_types must be a non-empty list"),
+    (["preset=smoke", "preset.max_attempts=true"], r"option preset\.max_attempts must be an integer, got True"),
+    (["preset=smoke", "preset.p_four_branches=1.5"], r"option preset\.p_four_branches must lie in \[0, 1\]"),
+    (["preset=smoke", "preset.questions_per_session=[3,x]"], r"option preset\.questions_per_session\[1\] must be an integer"),
+    (["workers=0"], "option workers must be at least 1"),
+    (["seed=abc"], "option seed must be an integer"),
+    (["overwrite=maybe"], "option overwrite must be true or false, got 'maybe'"),
+    (["mine=yes please"], "option mine must be true or false"),
+    (["runtime_profile=nope"], "option runtime_profile must be one of default"),
+    (["verbalizer.enabled=maybe"], "option verbalizer.enabled must be true or false"),
+    (["command=benchmark", "bench.sessions=0"], r"option bench\.sessions must be at least 1"),
+    (["preset.total_turns=10"], r"option preset\.total_turns=10 cannot be split into preset\.sessions=33 sessions"),
+    (["command=merge", "merge_from=[/no/such/shard]"], "option merge_from names '/no/such/shard'"),
 ])
 def test_bad_options_fail_with_the_option_named(overrides, msg, tmp_path):
-    with pytest.raises(ValueError, match=msg):
+    from arbor_train.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=msg):
         run(cfg(f"out_dir={tmp_path / 'x'}", *overrides))
     assert not (tmp_path / "x").exists()
 
@@ -146,6 +163,39 @@ def test_schema_validation_names_set_row_and_field():
         validate_rows("tags", [{k: v for k, v in row.items() if k != "source"}])
     with pytest.raises(SchemaError, match="unknown supervision set"):
         validate_rows("nope", [])
+
+
+def test_schema_refuses_wrong_types_nulls_bad_text_and_duplicate_ids(smoke_data):
+    from arbor_train.errors import InputError
+
+    sess = [json.loads(l) for l in (smoke_data / "jsonl" / "sessions.jsonl").open()][:2]
+    validate_rows("sessions", sess)
+    cases = [
+        ([dict(sess[0], n_branches=True), sess[1]], r"sessions\[0\]\.n_branches: expected int32, got bool"),
+        ([sess[0], dict(sess[1], session_id=sess[0]["session_id"])],
+         rf"duplicate session_id '{sess[0]['session_id']}' at rows 0 and 1"),
+    ]
+    bad = copy.deepcopy(sess[1])
+    bad["turns"][2]["is_question"] = "false"
+    cases.append(([sess[0], bad], r"sessions\[1\]\.turns\[2\]\.is_question: expected bool, got str"))
+    bad = copy.deepcopy(sess[0])
+    bad["questions"][1]["turn"] = bad["questions"][0]["turn"]
+    cases.append(([bad], r"sessions\[0\]\.questions: duplicate turn \d+ at questions\[0\] and questions\[1\]"))
+    bad = copy.deepcopy(sess[0])
+    bad["turns"][5]["assistant"] = "ok \ud800"
+    cases.append(([bad], r"sessions\[0\]\.turns\[5\]\.assistant: not valid UTF-8 text"))
+    bad = copy.deepcopy(sess[0])
+    bad["questions"][0]["gold"] = None
+    cases.append(([bad], r"sessions\[0\]\.questions\[0\]\.gold: null is not allowed"))
+    for rows, msg in cases:
+        with pytest.raises(InputError, match=msg):
+            validate_rows("sessions", rows)
+    qa = {"conversation_id": "c", "question_id": "c:q0", "question": "q?", "answer": "a", "category": "1",
+          "evidence": [], "adversarial_answer": None}
+    with pytest.raises(SchemaError, match=r"qa: duplicate question_id 'c:q0' at rows 0 and 2"):
+        validate_rows("qa", [qa, dict(qa, question_id="c:q1"), qa])
+    with pytest.raises(SchemaError, match=r"qa\[0\]\.question: null is not allowed"):
+        validate_rows("qa", [dict(qa, question=None)])
 
 
 # ---------------------------------------------------------------- each validation rule fails on a hand-made session

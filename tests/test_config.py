@@ -139,3 +139,76 @@ def test_an_unknown_role_or_impossible_combination_is_an_error_line_not_a_traceb
                             f"data.train_dir={smoke_data}", f"run_dir={tmp_path / 'r'}", override],
                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
         assert p.returncode == 2 and msg in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
+
+
+# Every Hydra entry point: a user's mistake is one `error:` line naming the option, exit 2, no traceback
+# (issue #14: each printed its own error as the last line of a traceback, exit 1; some never named it).
+ENTRY_POINT_MISTAKES = [
+    ("data_gen.branchmem", ["preset=smoke", "preset.sessions=0"], "option preset.sessions must be at least 1"),
+    ("data_gen.branchmem", ["preset=smoke", "preset.question_types=[bogus]"],
+     "option preset.question_types[0] must be one of update_current"),
+    ("data_gen.locomo", ["input=../shared/data/locomo", "overwrite=maybe"], "option overwrite must be true or false"),
+    ("eval.run", ["budget=lots"], "option budget must be an integer, got 'lots'"),
+    ("eval.bench", ["target=gpu"], "option target must be one of runtime, train"),
+    ("arbor_train.train", ["optim.lr=abc"], "option optim.lr must be a number, got 'abc'"),
+    ("arbor_train.export", ["out=x"], "option run_dir is required"),
+    ("arbor_train.pipeline", ["echo=maybe"], "option echo must be true or false"),
+]
+
+
+@pytest.mark.parametrize("module, args, msg", ENTRY_POINT_MISTAKES, ids=[f"{m}:{a[-1]}" for m, a, _ in ENTRY_POINT_MISTAKES])
+def test_every_entry_point_reports_a_user_mistake_as_one_error_line_and_exit_2(module, args, msg, tmp_path, smoke_data):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from arbor_train.paths import REPO_ROOT
+
+    run_dir = tmp_path / "run"
+    extra = {"arbor_train.train": ["model=tiny_encoder", "logger=csv", f"data.train_dir={smoke_data}",
+                                   f"run_dir={run_dir}"],
+             "arbor_train.pipeline": [f"out={tmp_path / 'p'}"],
+             "data_gen.locomo": [f"out_dir={tmp_path / 'out'}"],
+             "data_gen.branchmem": [f"out_dir={tmp_path / 'out'}"],
+             "eval.run": [f"data_dir={smoke_data}", "wandb.enabled=false"]}.get(module, [])
+    env = dict(os.environ, ARBOR_OUTPUT_ROOT=str(tmp_path / "outputs"), WANDB_MODE="offline")
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", module, *extra, *args], cwd=REPO_ROOT, env=env, capture_output=True,
+                       text=True, timeout=300)
+    elapsed = time.perf_counter() - t0
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    assert p.stderr.strip().splitlines()[-1].startswith(f"error: {msg}"), p.stderr[-2000:]
+    assert "Traceback" not in p.stderr + p.stdout
+    if module == "arbor_train.train":
+        # refused in check_combination: before the run directory, any model or the baseline validation
+        assert not run_dir.exists() and "baseline" not in p.stdout + p.stderr and elapsed < 120
+    assert not (tmp_path / "out").exists() and not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("override, msg", [
+    ("optim.lr=abc", "option optim.lr must be a number, got 'abc'"),
+    ("optim.lr=0", "option optim.lr must be above 0.0"),
+    ("optim.weight_decay=-0.1", "option optim.weight_decay must be at least 0.0"),
+    ("+optim.betas=[0.9,1.5]", r"option optim.betas\[1\] must lie in \[0, 1\)"),
+    ("+optim.no_such_argument=1", "option optim: cannot build the optimizer"),
+    ("scheduler.warmup_ratio=1.0", r"option scheduler.warmup_ratio must lie in \[0, 1\)"),
+    ("trainer.max_steps=lots", "option trainer.max_steps must be an integer"),
+    ("task.batch_size=0", "option task.batch_size must be at least 1"),
+    ("peft.enabled=perhaps", "option peft.enabled must be true or false"),
+    ("data.shuffle=sometimes", "option data.shuffle must be true or false"),
+    ("data.val_fraction=1.5", r"option data.val_fraction must lie in \(0, 1\)"),
+    ("seed=abc", "option seed must be an integer"),
+])
+def test_numeric_and_boolean_options_are_refused_in_check_combination(tmp_path, smoke_data, override, msg, monkeypatch):
+    """Before any model: check_combination (train() calls it first) reads the optimizer node strictly."""
+    from arbor_train import roles
+    from arbor_train.train import ConfigError, train
+
+    def no_build(*a, **k):
+        raise AssertionError("the role was built before the options were checked")
+
+    monkeypatch.setattr(type(roles.get("reranker")), "build", no_build)
+    with pytest.raises(ConfigError, match=msg):
+        train(tiny(tmp_path, smoke_data, override))
+    assert not (tmp_path / "run").exists()

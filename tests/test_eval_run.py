@@ -1,6 +1,7 @@
 """The BranchMemEval replay harness: protocol, methods under one budget, answer-independent metrics."""
 
 import json
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -102,10 +103,58 @@ def test_ablation_removes_the_forest(smoke_data, tmp_path):
     (["benchmark=bfcl"], "benchmark='bfcl' is unknown"),
     (["method=magic"], "option method"),
     (["budget=10"], "smaller than the fixed prompt"),
+    (["budget=lots"], "option budget must be an integer, got 'lots'"),
+    (["budget=-5"], "option budget must be at least 1"),
+    (["prefilter=abc"], "option prefilter must be a number"),
+    (["max_sessions=0"], "option max_sessions must be at least 1"),
+    (["wandb.enabled=maybe"], "option wandb.enabled must be true or false"),
+    (["+ablation.routing=perhaps"], "option ablation.routing must be true or false"),
+    (["runtime_profile=nope"], "option runtime_profile must be one of default, "),
+    (["answer_model.kind=gpt"], "option answer_model.kind must be one of none, llm"),
+    (["answer_model=smollm2", "answer_model.llm.backend=vllm"], "option answer_model.llm.backend must be one of hf, openai"),
+    (["judge.kind=human"], "option judge.kind must be one of none, llm"),
+    (["benchmark=longmemeval"], "needs option longmemeval.input"),
+    (["benchmark=beam", "beam.input=/no/such/dir"], "option beam.input='/no/such/dir': no such file"),
+    (["benchmark=locomo", "locomo.categories=[1,9]"], r"option locomo.categories\[1\] must be one of 1, 2, 3, 4, 5"),
 ])
-def test_bad_options_fail_before_work(smoke_data, tmp_path, overrides, msg):
-    with pytest.raises(ValueError, match=msg):
+def test_bad_options_fail_before_work(smoke_data, tmp_path, overrides, msg, monkeypatch):
+    import arbor_train.runtime as R
+
+    from arbor_train.errors import UserError
+
+    def no_work(*a, **k):
+        raise AssertionError("components were built before the options were checked")
+
+    monkeypatch.setattr(R, "build_components", no_work)
+    with pytest.raises(UserError, match=msg):
         run(ecfg(smoke_data, tmp_path, *overrides))
+
+
+def _sessions_with(tmp_path, smoke_data, mutate) -> Path:
+    """A copy of the smoke set's sessions.jsonl with `mutate(rows)` applied (rows as loaded)."""
+    rows = [json.loads(l) for l in (smoke_data / "jsonl" / "sessions.jsonl").open()]
+    mutate(rows)
+    d = tmp_path / "data"
+    (d / "jsonl").mkdir(parents=True)
+    (d / "jsonl" / "sessions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+@pytest.mark.parametrize("mutate, msg", [
+    (lambda rows: rows[1]["turns"][3].update(is_question="false"),
+     r"line 2 \(session_id='smoke-000001'\): sessions\.turns\[3\]\.is_question: expected bool, got str"),
+    (lambda rows: rows[0]["turns"][0].update(user=None), r"line 1 .*: sessions\.turns\[0\]\.user: null is not allowed"),
+    (lambda rows: rows[2]["questions"][0].update(gold="\ud800"), r"line 3 .*: sessions\.questions\[0\]\.gold: not valid UTF-8"),
+    (lambda rows: rows[0]["turns"][1].update(index=0), r"line 1 .*: sessions\.turns: duplicate index 0 at turns\[0\] and turns\[1\]"),
+    (lambda rows: rows[3].update(session_id=rows[1]["session_id"]), r"duplicate session_id 'smoke-000001' on lines 2 and 4"),
+])
+def test_a_bad_sessions_file_is_refused_naming_file_line_and_field(smoke_data, tmp_path, mutate, msg):
+    from arbor_train.errors import InputError
+
+    d = _sessions_with(tmp_path, smoke_data, mutate)
+    with pytest.raises(InputError, match=msg) as e:
+        run(ecfg(d, tmp_path / "run"))
+    assert "sessions.jsonl" in str(e.value) and not (tmp_path / "run" / "results.json").exists()
 
 
 def test_report_merges_runs_into_a_table_and_plots(smoke_data, tmp_path):

@@ -107,6 +107,15 @@ def _mini(tmp_path, mutate):
     (lambda d: d["qa"][0].pop("question"), r"bad\.json qa\[0\]: missing field 'question'"),
     (lambda d: d["session_1"][2].pop("dia_id"), r"bad\.json session_1\[2\]: missing field 'dia_id'"),
     (lambda d: d.update(session_2="not a list"), r"field 'session_2' must be a list"),
+    # strict types (issue #14): a null question is refused (it became the text "None"), a boolean is no
+    # category, an integer speaker is not stringified, a repeated dia_id names both turns, text is UTF-8
+    (lambda d: d["qa"][2].update(question=None), r"bad\.json qa\[2\]: field 'question' must be a string, got null"),
+    (lambda d: d["qa"][1].update(category=True), r"bad\.json qa\[1\]: field 'category' is True"),
+    (lambda d: d["session_1"][0].update(speaker=7), r"bad\.json session_1\[0\]: field 'speaker' must be a string, got int"),
+    (lambda d: d["session_2"][1].update(dia_id="D1:3"), r"bad\.json: duplicate dia_id 'D1:3' at session_1\[2\] and session_2\[1\]"),
+    (lambda d: d["session_1"][4].update(text="caf\ud800"), r"bad\.json session_1\[4\]: field 'text' is not valid UTF-8"),
+    (lambda d: d["qa"][0].update(evidence=[None]), r"bad\.json qa\[0\]: field 'evidence\[0\]' must be a dia_id string"),
+    (lambda d: d["events_session_1"].update(date=5), r"bad\.json events_session_1: field 'date' must be a string or null"),
 ])
 def test_bad_input_names_file_record_and_field_and_writes_nothing(tmp_path, mutate, match):
     p = _mini(tmp_path, mutate)
@@ -116,6 +125,20 @@ def test_bad_input_names_file_record_and_field_and_writes_nothing(tmp_path, muta
     with pytest.raises(BenchmarkFormatError):
         run(cfg(f"input={p}", f"out_dir={out}"))
     assert not out.exists() and not out.with_name("out.tmp").exists()
+
+
+def test_combined_layout_refuses_a_repeated_sample_id(tmp_path):
+    samples = to_combined(FILES[:2])
+    samples[1]["sample_id"] = samples[0]["sample_id"]
+    combined = tmp_path / "locomo10.json"
+    combined.write_text(json.dumps(samples))
+    with pytest.raises(BenchmarkFormatError, match=rf"locomo10\.json: duplicate sample_id '{samples[0]['sample_id']}' "
+                                                   r"at sample\[0\] and sample\[1\]"):
+        load_locomo(combined)
+    samples[1]["sample_id"] = None
+    combined.write_text(json.dumps(samples))
+    with pytest.raises(BenchmarkFormatError, match=r"sample\[1\]: field 'sample_id' must be a string, got null"):
+        load_locomo(combined)
 
 
 def test_malformed_json_and_unknown_evidence(tmp_path):

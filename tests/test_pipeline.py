@@ -101,3 +101,36 @@ def test_bad_stage_names_and_failures_are_reported_and_keep_finished_stages(tmp_
         run_pipeline(pcfg(out, "data.formal.preset=no_such_preset"))
     assert json.loads((out / "data_formal" / "stage.json").read_text())["returncode"] != 0
     assert Path(out / "logs" / "data_formal.log").read_text().strip()
+
+
+@pytest.mark.parametrize("extra, msg", [
+    (["echo=maybe"], "option echo must be true or false"),
+    (["data.workers=0"], "option data.workers must be at least 1"),
+    (["eval.budget=lots"], "option eval.budget must be an integer"),
+    (["eval.llm_sessions=-1"], "option eval.llm_sessions must be at least 1"),
+    (["eval.sets=[bogus]"], r"option eval.sets\[0\] must be one of ablations, budgets, methods"),
+    (["eval.answer_model=gpt9"], "option eval.answer_model must be one of none, openai, smollm2"),
+    (["train.tagger.experiment=nope"], "option train.tagger.experiment must be one of"),
+    (['train.tagger.overrides=["no_such_group=x"]'], r"option train.tagger \(experiment=tagger_minilm_cpu"),
+])
+def test_bad_options_are_config_errors_before_any_stage(tmp_path, extra, msg):
+    from arbor_train.errors import ConfigError
+
+    out = tmp_path / "p"
+    with pytest.raises(ConfigError, match=msg):
+        run_pipeline(pcfg(out, *extra))
+    assert not out.exists()
+
+
+def test_a_stage_that_refuses_its_options_is_a_user_error_and_a_crash_is_not(tmp_path, monkeypatch):
+    import sys
+
+    import arbor_train.pipeline as P
+    from arbor_train.errors import UserError
+
+    for rc, user in ((2, True), (1, False)):
+        stage = P.Stage(f"exit{rc}", [sys.executable, "-c", f"import sys; print('error: option x'); sys.exit({rc})"])
+        monkeypatch.setattr(P, "plan", lambda c, stage=stage: [stage])
+        with pytest.raises(StageError, match=rf"stage exit{rc} failed \(exit {rc}\)") as e:
+            run_pipeline(pcfg(tmp_path / "p"))
+        assert isinstance(e.value, UserError) is user

@@ -96,6 +96,31 @@ def test_manifest_errors_name_the_file_and_field(tmp_path):
         load_bundle(tmp_path)
 
 
+@pytest.mark.parametrize("field, value, msg", [
+    ("format_version", True, r"field 'format_version' must be int, got True"),       # a boolean is no version
+    ("max_length", "64", r"field 'max_length' must be a positive integer, got '64'"),
+    ("max_length", 0, r"field 'max_length' must be a positive integer, got 0"),
+    ("merged", False, r"field 'merged' must be a folder name or null, got False"),
+    ("labels", ["money", "time", "money"], r"field 'labels' repeats 'money' at positions 0 and 2"),
+    ("labels", ["money", None], r"field 'labels\[1\]' must be a non-empty string, got None"),
+    ("kinds", ["states", "moods"], r"field 'kinds\[1\]' is 'moods', expected one of"),
+    ("base_model", {"ref": None, "name": "tiny"}, r"field 'base_model.ref' must be a non-empty string, got None"),
+    ("base_model", {"ref": "x", "name": "tiny \ud800"}, r"field 'base_model.name' is not valid UTF-8 text"),
+    ("new_root_threshold", "0.5", r"field 'new_root_threshold' must be a number in \[0, 1\], got '0.5'"),
+    ("prompt_template", {"name": "cross_encoder_pair", "version": 1}, r"field 'prompt_template' must be"),
+])
+def test_manifest_field_types_are_strict(tmp_path, field, value, msg):
+    from arbor_train.errors import InputError
+
+    good = manifest("reranker", "cross_encoder", "x", {"name": "cross_encoder_pair", "version": "1"})
+    write_manifest(tmp_path, good)
+    data = {"format": "arbormem-bundle", "format_version": 1, **good, field: value}
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(InputError, match=msg) as e:
+        load_bundle(tmp_path)
+    assert isinstance(e.value, BundleError) and "manifest.json" in str(e.value)
+
+
 def test_cross_encoder_bundle_scores_like_the_trained_model(tmp_path, tokenizer):
     from peft import LoraConfig, get_peft_model
 

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..prompts import KNOWN_TEMPLATES
+from ..errors import InputError
+from ..prompts import EXTRACT_INSTRUCTIONS, KNOWN_TEMPLATES
 
 FORMAT = "arbormem-bundle"
 FORMAT_VERSION = 1
@@ -48,8 +49,48 @@ MANIFEST_FIELDS = {
 }
 
 
-class BundleError(ValueError):
-    pass
+# optional fields: name -> (accepted types, what the error says)
+OPTIONAL_FIELDS = {
+    "adapter": ((str, type(None)), "a folder name or null"), "merged": ((str, type(None)), "a folder name or null"),
+    "max_length": ((int,), "a positive integer"), "labels": ((list,), "a list of label strings"),
+    "kinds": ((list,), "a list of extraction kinds"), "new_root_threshold": ((int, float), "a number in [0, 1]"),
+    "baselines": ((dict,), "an object"), "created_at": ((str,), "a string"),
+    "arbor_train_version": ((str,), "a string"), "git_commit": ((str,), "a string"),
+    "training_run": ((str,), "a string"),
+}
+
+
+class BundleError(InputError):
+    """A bundle the runtime cannot use: the message names the manifest file and the field."""
+
+
+def _strings(mf: Path, value: Any, where: str = "") -> None:
+    """Every string in the manifest (keys included) is valid UTF-8 text (no lone surrogates)."""
+    if isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise BundleError(f"{mf}: field {where or 'manifest'!r} is not valid UTF-8 text ({e.reason})") from e
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _strings(mf, k, where or "manifest")
+            _strings(mf, v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _strings(mf, v, f"{where}[{i}]")
+
+
+def _unique_strings(mf: Path, value: list, field: str, allowed: Any = None) -> None:
+    seen: dict[str, int] = {}
+    for i, v in enumerate(value):
+        if not isinstance(v, str) or not v:
+            raise BundleError(f"{mf}: field '{field}[{i}]' must be a non-empty string, got {v!r}")
+        if allowed is not None and v not in allowed:
+            raise BundleError(f"{mf}: field '{field}[{i}]' is {v!r}, expected one of {sorted(allowed)}")
+        if v in seen:
+            raise BundleError(f"{mf}: field {field!r} repeats {v!r} at positions {seen[v]} and {i}")
+        seen[v] = i
 
 
 @dataclass
@@ -116,14 +157,23 @@ def load_bundle(path: str | Path, role: str | None = None, base_model: str | Non
     if not mf.is_file():
         raise BundleError(f"bundle {p}: manifest.json not found")
     try:
-        manifest = json.loads(mf.read_text())
+        manifest = json.loads(mf.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise BundleError(f"{mf}: invalid JSON ({e})") from e
+    except UnicodeDecodeError as e:
+        raise BundleError(f"{mf}: not UTF-8 text ({e})") from e
+    if not isinstance(manifest, dict):
+        raise BundleError(f"{mf}: expected a JSON object, got {type(manifest).__name__}")
     for name, typ in MANIFEST_FIELDS.items():
         if name not in manifest:
             raise BundleError(f"{mf}: missing field {name!r}")
-        if not isinstance(manifest[name], typ):
-            raise BundleError(f"{mf}: field {name!r} must be {typ.__name__}")
+        if not isinstance(manifest[name], typ) or (typ is int and isinstance(manifest[name], bool)):
+            raise BundleError(f"{mf}: field {name!r} must be {typ.__name__}, got {manifest[name]!r}")
+    for name, (types, what) in OPTIONAL_FIELDS.items():
+        v = manifest.get(name)
+        if name in manifest and (not isinstance(v, types) or isinstance(v, bool)):
+            raise BundleError(f"{mf}: field {name!r} must be {what}, got {v!r}")
+    _strings(mf, manifest)
     if manifest["format"] != FORMAT or manifest["format_version"] != FORMAT_VERSION:
         raise BundleError(f"{mf}: format {manifest['format']!r} v{manifest['format_version']} is not {FORMAT} v{FORMAT_VERSION}")
     if manifest["role"] not in ROLE_KINDS:
@@ -134,9 +184,23 @@ def load_bundle(path: str | Path, role: str | None = None, base_model: str | Non
         raise BundleError(f"{mf}: bundle role is {manifest['role']!r} but it was configured as the {role}")
     if "ref" not in manifest["base_model"]:
         raise BundleError(f"{mf}: field 'base_model.ref' missing")
+    if not isinstance(manifest["base_model"]["ref"], str) or not manifest["base_model"]["ref"]:
+        raise BundleError(f"{mf}: field 'base_model.ref' must be a non-empty string, got "
+                          f"{manifest['base_model']['ref']!r}")
+    if manifest.get("max_length") is not None and manifest["max_length"] < 1:
+        raise BundleError(f"{mf}: field 'max_length' must be a positive integer, got {manifest['max_length']}")
+    thr = manifest.get("new_root_threshold")
+    if thr is not None and not 0 <= thr <= 1:
+        raise BundleError(f"{mf}: field 'new_root_threshold' must be a number in [0, 1], got {thr}")
+    if "labels" in manifest:
+        _unique_strings(mf, manifest["labels"], "labels")
+    if "kinds" in manifest:  # extraction kinds: those arbor_train/prompts.py has an instruction for
+        _unique_strings(mf, manifest["kinds"], "kinds", allowed=EXTRACT_INSTRUCTIONS)
     if base_model is not None and manifest["base_model"]["ref"] != base_model:
         raise BundleError(f"{mf}: base_model.ref is {manifest['base_model']['ref']!r}, expected {base_model!r}")
     tmpl = manifest["prompt_template"]
+    if not isinstance(tmpl.get("name"), str) or not isinstance(tmpl.get("version"), str):
+        raise BundleError(f"{mf}: field 'prompt_template' must be {{\"name\": str, \"version\": str}}, got {tmpl}")
     if KNOWN_TEMPLATES.get(tmpl.get("name")) != tmpl.get("version"):
         raise BundleError(f"{mf}: prompt_template {tmpl} is unknown to this runtime (known: {KNOWN_TEMPLATES})")
     if not manifest.get("adapter") and not manifest.get("merged"):

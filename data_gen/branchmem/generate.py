@@ -70,8 +70,13 @@ def build_session(i: int, p: dict, seed: int, targets: list | None, verbalizer=N
             return plan, turns, report
         for rule, msgs in fails.items():
             report["failures"][rule] += len(msgs)
-    raise RuntimeError(f"session {i}: no valid session after {p['max_attempts']} attempts "
-                       f"(plan errors {report['plan_errors']}, failures {dict(report['failures'])})")
+    from arbor_train.errors import ConfigError
+
+    # every draw of this preset failed: the preset cannot be realized (a user's option, not a bug)
+    raise ConfigError(f"option preset (preset.name={p['name']}): session {i} found no valid session in "
+                      f"preset.max_attempts={p['max_attempts']} attempts (plan errors {report['plan_errors']}, "
+                      f"failures {dict(report['failures'])}); widen preset.turns_min/turns_max or lower the "
+                      f"questions per session")
 
 
 def session_row(plan, turns: list[Turn]) -> dict:
@@ -341,17 +346,25 @@ def merge_shards(shard_dirs: list[Path], out_dir: Path, cfg_text: str, overwrite
     for d in shard_dirs:
         inner = sorted(d.glob("shard-*-of-*")) if d.is_dir() and not (d / "stats.json").exists() else []
         expanded.extend(inner or [d])
+    from arbor_train.errors import ConfigError, InputError, MissingInputError
+
     metas = []
     for d in expanded:
         f = d / "stats.json"
         if not f.exists():
-            raise FileNotFoundError(f"shard {d}: stats.json missing (is it a finished shard?)")
-        metas.append((json.loads(f.read_text()), d))
+            raise MissingInputError(f"shard {d}: stats.json missing (is it a finished shard?)")
+        try:
+            st = json.loads(f.read_text())
+            _ = (st["shard"]["index"], st["shard"]["count"])
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise InputError(f"{f}: not a shard's stats.json (field 'shard.index' / 'shard.count': {e})") from e
+        metas.append((st, d))
     metas.sort(key=lambda m: m[0]["shard"]["index"])
     counts_set = {m[0]["shard"]["count"] for m in metas}
     idx = [m[0]["shard"]["index"] for m in metas]
     if len(counts_set) != 1 or idx != list(range(next(iter(counts_set)))):
-        raise ValueError(f"shards {[str(d) for _, d in metas]} are not a complete set: indices {idx} of {counts_set}")
+        raise ConfigError(f"option merge_from: shards {[str(d) for _, d in metas]} are not a complete set: indices "
+                          f"{idx} of {counts_set}")
     names = [n for n in SETS if (metas[0][1] / "jsonl" / f"{n}.jsonl").exists()]
     writer = SetWriter(out_dir, names, overwrite)
     counts = new_counts()

@@ -21,7 +21,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from eval.benchmarks.schema import BenchmarkFormatError, Conversation, Question, Session, Turn
+from eval.benchmarks.schema import (BenchmarkFormatError, Conversation, Question, Session, Turn, check_unique,
+                                    need_text, utf8)
 
 ABILITIES = (
     "abstention",
@@ -47,6 +48,14 @@ def _read_json(path: Path, what: str) -> Any:
             return json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BenchmarkFormatError(f"{path.name}: not valid JSON ({e})") from e
+
+
+def _msg_id(value: Any, where: str) -> str:
+    """A message id: an integer (the running index) or a string; null, booleans and others are refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise BenchmarkFormatError(f"{where}: field 'id' must be an integer or a string, got "
+                                   f"{'null' if value is None else type(value).__name__}")
+    return utf8(str(value), where, "id")
 
 
 def _literal(fname: str, where: str, text: str) -> Any:
@@ -93,6 +102,9 @@ def _session(fname: str, prefix: str, pos: int, batch: Any) -> Session:
     if "batch_number" not in batch:
         raise BenchmarkFormatError(f"{fname}: {prefix}batch at position {pos}: missing field 'batch_number'")
     bn = batch["batch_number"]
+    if isinstance(bn, bool) or not isinstance(bn, (int, str)):
+        raise BenchmarkFormatError(f"{fname}: {prefix}batch at position {pos}: field 'batch_number' must be an "
+                                   f"integer, got {'null' if bn is None else type(bn).__name__}")
     where = f"{fname}: {prefix}batch {bn}"
     if "turns" not in batch:
         raise BenchmarkFormatError(f"{where}: missing field 'turns'")
@@ -116,12 +128,15 @@ def _session(fname: str, prefix: str, pos: int, batch: Any) -> Session:
                 raise BenchmarkFormatError(f"{where}: {loc}: missing field '{key}'")
         if not isinstance(msg["content"], str):
             raise BenchmarkFormatError(f"{where}: {loc} (id {msg['id']}): field 'content' must be a string")
+        mid = _msg_id(msg["id"], f"{where}: {loc}")
+        mw = f"{where}: {loc} (id {mid})"
         if k == 0:
-            first_anchor = msg.get("time_anchor")
-        turns.append(Turn(turn_id=str(msg["id"]), speaker=str(msg["role"]), text=msg["content"]))
+            first_anchor = need_text(msg.get("time_anchor"), mw, "time_anchor", null=True)
+        turns.append(Turn(turn_id=mid, speaker=need_text(msg["role"], mw, "role"),
+                          text=need_text(msg["content"], mw, "content")))
 
-    anchor = batch.get("time_anchor") or first_anchor
-    return Session(session_id=f"{prefix}batch{bn}", date_time=None if anchor is None else str(anchor), turns=turns)
+    anchor = need_text(batch.get("time_anchor"), where, "time_anchor", null=True) or first_anchor
+    return Session(session_id=f"{prefix}batch{bn}", date_time=anchor, turns=turns)
 
 
 # ------------------------------------------------------------------------------------------ questions
@@ -160,19 +175,28 @@ def _questions(fname: str, data: Any, turn_ids: set[str]) -> list[Question]:
                 raise BenchmarkFormatError(f"{where}: missing field 'question'")
             if "rubric" not in item:
                 raise BenchmarkFormatError(f"{where}: missing field 'rubric'")
+            question = need_text(item["question"], where, "question")
             rubric = item["rubric"]
             if not isinstance(rubric, list) or not all(isinstance(r, str) for r in rubric):
                 raise BenchmarkFormatError(f"{where}: field 'rubric' must be a list of strings")
+            for j, r in enumerate(rubric):
+                utf8(r, where, f"rubric[{j}]")
 
             answer_field = next((f for f in ANSWER_FIELDS if item.get(f) is not None), None)
             answer = None
             if answer_field is not None:
                 raw = item[answer_field]
+                if isinstance(raw, bool):
+                    raise BenchmarkFormatError(f"{where}: field {answer_field!r} must be a string, number or list, "
+                                               f"got {raw!r}")
                 answer = raw if isinstance(raw, str) else str(raw)
+                utf8(answer, where, answer_field)
 
             evidence: list[str] = []
             if item.get("source_chat_ids") is not None:
                 for i in _flat_ids(item["source_chat_ids"]):
+                    if isinstance(i, bool) or not isinstance(i, (int, str)):
+                        raise BenchmarkFormatError(f"{where}: field 'source_chat_ids' holds {i!r}, not a message id")
                     sid = str(i)
                     if sid not in turn_ids:
                         raise BenchmarkFormatError(f"{where}: field 'source_chat_ids' names id {sid!r}, "
@@ -189,7 +213,7 @@ def _questions(fname: str, data: Any, turn_ids: set[str]) -> list[Question]:
                 extra[answer_field] = item[answer_field]
             if isinstance(item.get("source_chat_ids"), dict):
                 extra["source_chat_ids"] = item["source_chat_ids"]
-            out.append(Question(question_id=qid, question=str(item["question"]), answer=answer, category=ability,
+            out.append(Question(question_id=qid, question=question, answer=answer, category=ability,
                                 evidence=evidence, question_date=None, extra=extra))
     return out
 
@@ -207,6 +231,10 @@ def load_beam(chat_path, probing_path, conversation_id: str | None = None) -> Co
         chat = _literal(chat_path.name, "top-level value", chat)
     batches, layout = _batches(chat_path.name, chat)
     sessions = [_session(chat_path.name, prefix, pos, b) for pos, (prefix, b) in enumerate(batches)]
+    check_unique([(s.session_id, f"batch position {pos}") for pos, s in enumerate(sessions)], "batch",
+                 chat_path.name)
+    check_unique([(t.turn_id, f"{s.session_id} message {k}") for s in sessions for k, t in enumerate(s.turns)],
+                 "message id", chat_path.name)
     conv = Conversation(conversation_id=str(conversation_id), speakers=["user", "assistant"], sessions=sessions,
                         meta={"benchmark": "beam", "layout": layout})
     probing = _read_json(probing_path, "probing questions")

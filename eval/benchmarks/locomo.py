@@ -22,7 +22,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .schema import BenchmarkFormatError, Conversation, Question, Session, Turn
+from .schema import (BenchmarkFormatError, Conversation, Question, Session, Turn, answer_text, check_unique,
+                     need_text)
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
 _SESSION = re.compile(r"^session_(\d+)$")
@@ -46,12 +47,64 @@ def _need(d: dict, key: str, where: str) -> Any:
     return d[key]
 
 
+def _dia_ids(value: Any, where: str, field: str) -> list[str]:
+    """Evidence / observation ids: a string or a list of strings (a null or a number is refused)."""
+    items = value if isinstance(value, list) else [value]
+    for k, it in enumerate(items):
+        if not isinstance(it, str):
+            at = f"{field}[{k}]" if isinstance(value, list) else field
+            raise BenchmarkFormatError(f"{where}: field {at!r} must be a dia_id string like 'D1:3', got "
+                                       f"{'null' if it is None else type(it).__name__}")
+    return split_dia_ids(value)
+
+
+def _observations(obs: Any, where: str) -> dict:
+    if not isinstance(obs, dict):
+        raise BenchmarkFormatError(f"{where}: must be an object speaker -> [[fact, dia_ids], ...]")
+    out = {}
+    for sp, facts in obs.items():
+        if not isinstance(facts, list):
+            raise BenchmarkFormatError(f"{where}: field {sp!r} must be a list of [fact, dia_ids] pairs")
+        kept = []
+        for j, f in enumerate(facts):
+            if not isinstance(f, list):
+                raise BenchmarkFormatError(f"{where} {sp}[{j}]: a fact must be a list [fact, dia_ids]")
+            if len(f) >= 2:
+                kept.append([need_text(f[0], f"{where} {sp}[{j}]", "fact"), _dia_ids(f[1], f"{where} {sp}[{j}]", "dia_ids")])
+        out[sp] = kept
+    return out
+
+
+def _events(ev: Any, speakers: list[str], where: str) -> Any:
+    if not isinstance(ev, dict):
+        raise BenchmarkFormatError(f"{where}: must be an object {{speaker: [events], date}}")
+    for sp in speakers:
+        items = ev.get(sp)
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            raise BenchmarkFormatError(f"{where}: field {sp!r} must be a list of events")
+        for j, e in enumerate(items):
+            need_text(e, where, f"{sp}[{j}]")
+    need_text(ev.get("date"), where, "date", null=True)
+    return ev
+
+
 def conversation_from_record(conv: dict, qa: list, observation: dict, events: dict, summaries: dict,
                              conversation_id: str, where: str) -> Conversation:
-    speakers = [_need(conv, "speaker_a", where), _need(conv, "speaker_b", where)]
+    if not isinstance(conv, dict):
+        raise BenchmarkFormatError(f"{where}: field 'conversation' must be an object")
+    if not isinstance(qa, list):
+        raise BenchmarkFormatError(f"{where}: field 'qa' must be a list of questions")
+    for name, d in (("observation", observation), ("event_summary", events), ("session_summary", summaries)):
+        if not isinstance(d, dict):
+            raise BenchmarkFormatError(f"{where}: field {name!r} must be an object")
+    speakers = [need_text(_need(conv, "speaker_a", where), where, "speaker_a"),
+                need_text(_need(conv, "speaker_b", where), where, "speaker_b")]
     nums = sorted(int(m.group(1)) for k in conv if (m := _SESSION.match(k)))
     sessions: list[Session] = []
     meta: dict[str, Any] = {"observations": {}, "events": {}, "summaries": {}, "skipped": {}}
+    positions: list[tuple[str, str]] = []
     for n in nums:
         key = f"session_{n}"
         turns_raw = conv[key]
@@ -62,24 +115,27 @@ def conversation_from_record(conv: dict, qa: list, observation: dict, events: di
             tw = f"{where} {key}[{i}]"
             if not isinstance(t, dict):
                 raise BenchmarkFormatError(f"{tw}: a turn must be an object")
-            text = t.get("text")
-            if text is None and t.get("blip_caption") is None:
+            text = need_text(t.get("text"), tw, "text", null=True)
+            caption = need_text(t.get("blip_caption"), tw, "blip_caption", null=True)
+            if text is None and caption is None:
                 raise BenchmarkFormatError(f"{tw}: missing field 'text'")
-            turns.append(Turn(turn_id=str(_need(t, "dia_id", tw)), speaker=str(_need(t, "speaker", tw)),
-                              text=str(text or ""), image_caption=t.get("blip_caption")))
-        sessions.append(Session(session_id=f"{conversation_id}:S{n}", date_time=conv.get(f"{key}_date_time"),
-                                turns=turns))
+            dia_id = need_text(_need(t, "dia_id", tw), tw, "dia_id")
+            positions.append((dia_id, f"{key}[{i}]"))
+            turns.append(Turn(turn_id=dia_id, speaker=need_text(_need(t, "speaker", tw), tw, "speaker"),
+                              text=text or "", image_caption=caption))
+        date = need_text(conv.get(f"{key}_date_time"), where, f"{key}_date_time", null=True)
+        sessions.append(Session(session_id=f"{conversation_id}:S{n}", date_time=date, turns=turns))
         sid = f"S{n}"
         obs = observation.get(f"{key}_observation")
         if obs:
-            meta["observations"][sid] = {sp: [[f[0], split_dia_ids(f[1])] for f in facts if len(f) >= 2]
-                                         for sp, facts in obs.items()}
+            meta["observations"][sid] = _observations(obs, f"{where} {key}_observation")
         ev = events.get(f"events_{key}")
         if ev:
-            meta["events"][sid] = ev
+            meta["events"][sid] = _events(ev, speakers, f"{where} events_{key}")
         sm = summaries.get(f"{key}_summary")
         if sm:
-            meta["summaries"][sid] = sm
+            meta["summaries"][sid] = need_text(sm, where, f"{key}_summary")
+    check_unique(positions, "dia_id", where)
     c = Conversation(conversation_id, speakers, sessions, [], meta)
     known = c.turn_ids()
     bad_evidence = 0
@@ -89,10 +145,10 @@ def conversation_from_record(conv: dict, qa: list, observation: dict, events: di
         if not isinstance(q, dict):
             raise BenchmarkFormatError(f"{qw}: a question must be an object")
         cat = _need(q, "category", qw)
-        if cat not in CATEGORIES:
+        if isinstance(cat, bool) or cat not in CATEGORIES:
             raise BenchmarkFormatError(f"{qw}: field 'category' is {cat!r}, expected one of {sorted(CATEGORIES)}")
-        text = _need(q, "question", qw)
-        ev_ids = split_dia_ids(q.get("evidence", []))
+        text = need_text(_need(q, "question", qw), qw, "question")
+        ev_ids = _dia_ids(q.get("evidence", []), qw, "evidence")
         kept = [e for e in ev_ids if e in known]
         bad_evidence += len(ev_ids) - len(kept)
         answer = q.get("answer")
@@ -100,10 +156,10 @@ def conversation_from_record(conv: dict, qa: list, observation: dict, events: di
             raise BenchmarkFormatError(f"{qw}: missing field 'answer' (category {cat})")
         extra = {"category_name": CATEGORIES[cat], "evidence_raw": q.get("evidence", [])}
         if "adversarial_answer" in q:
-            extra["adversarial_answer"] = str(q["adversarial_answer"])
-        questions.append(Question(question_id=f"{conversation_id}:q{k}", question=str(text),
-                                  answer=None if answer is None else str(answer), category=str(cat),
-                                  evidence=kept, question_date=None, extra=extra))
+            extra["adversarial_answer"] = answer_text(q["adversarial_answer"], qw, "adversarial_answer")
+        questions.append(Question(question_id=f"{conversation_id}:q{k}", question=text,
+                                  answer=None if answer is None else answer_text(answer, qw, "answer"),
+                                  category=str(cat), evidence=kept, question_date=None, extra=extra))
     c.questions = questions
     meta["skipped"] = {"evidence_ids_naming_no_turn": bad_evidence}
     return c
@@ -114,6 +170,8 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise BenchmarkFormatError(f"{path}: invalid JSON ({e})") from e
+    except UnicodeDecodeError as e:
+        raise BenchmarkFormatError(f"{path}: not UTF-8 text ({e})") from e
 
 
 def load_locomo(path: str | Path) -> list[Conversation]:
@@ -126,11 +184,12 @@ def load_locomo(path: str | Path) -> list[Conversation]:
         if not files:
             raise BenchmarkFormatError(f"{p}: no .json files")
         out: list[Conversation] = []
+        where: list[str] = []
         for f in files:
-            out.extend(load_locomo(f))
-        ids = [c.conversation_id for c in out]
-        if len(set(ids)) != len(ids):
-            raise BenchmarkFormatError(f"{p}: conversation ids repeat across files: {ids}")
+            got = load_locomo(f)
+            out.extend(got)
+            where.extend(f.name if len(got) == 1 else f"{f.name} sample[{k}]" for k in range(len(got)))
+        check_unique([(c.conversation_id, w) for c, w in zip(out, where)], "conversation id", str(p))
         return out
     data = _read_json(p)
     if isinstance(data, list):  # combined layout
@@ -139,11 +198,12 @@ def load_locomo(path: str | Path) -> list[Conversation]:
             where = f"{p} sample[{k}]"
             if not isinstance(s, dict):
                 raise BenchmarkFormatError(f"{where}: a sample must be an object")
-            sid = str(_need(s, "sample_id", where))
+            sid = need_text(_need(s, "sample_id", where), where, "sample_id")
             where = f"{p} sample[{k}] ({sid})"
             out.append(conversation_from_record(_need(s, "conversation", where), _need(s, "qa", where),
                                                 s.get("observation") or {}, s.get("event_summary") or {},
                                                 s.get("session_summary") or {}, sid, where))
+        check_unique([(c.conversation_id, f"sample[{k}]") for k, c in enumerate(out)], "sample_id", str(p))
         return out
     if isinstance(data, dict):
         where = str(p)

@@ -13,7 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from eval.benchmarks.schema import BenchmarkFormatError, Conversation, Question, Session, Turn
+from eval.benchmarks.schema import (BenchmarkFormatError, Conversation, Question, Session, Turn, answer_text,
+                                    check_unique, need_bool, need_text)
 
 QUESTION_TYPES = (
     "single-session-user",
@@ -49,7 +50,9 @@ def load_longmemeval(path, variant: str | None = None) -> list[Conversation]:
     if variant is None:
         variant = infer_variant(path)
     elif variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        from arbor_train.errors import ConfigError
+
+        raise ConfigError(f"option variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
     if not path.is_file():
         raise BenchmarkFormatError(f"{fname}: LongMemEval file not found ({path})")
     try:
@@ -59,7 +62,9 @@ def load_longmemeval(path, variant: str | None = None) -> list[Conversation]:
         raise BenchmarkFormatError(f"{fname}: not valid JSON ({e})") from e
     if not isinstance(data, list):
         raise BenchmarkFormatError(f"{fname}: expected a JSON list of instances, got {type(data).__name__}")
-    return [_instance(fname, idx, inst, variant) for idx, inst in enumerate(data)]
+    out = [_instance(fname, idx, inst, variant) for idx, inst in enumerate(data)]
+    check_unique([(c.conversation_id, f"instance {k}") for k, c in enumerate(out)], "question_id", fname)
+    return out
 
 
 def _instance(fname: str, idx: int, inst: Any, variant: str | None) -> Conversation:
@@ -71,9 +76,9 @@ def _instance(fname: str, idx: int, inst: Any, variant: str | None) -> Conversat
     for key in REQUIRED:
         if key not in inst:
             raise BenchmarkFormatError(f"{where}: missing required field '{key}'")
-    qid = str(qid)
+    qid = need_text(qid, where, "question_id")
     qtype = inst["question_type"]
-    if qtype not in QUESTION_TYPES:
+    if not isinstance(qtype, str) or qtype not in QUESTION_TYPES:
         raise BenchmarkFormatError(f"{where}: field 'question_type' has unknown value {qtype!r} "
                                    f"(expected one of {', '.join(QUESTION_TYPES)})")
 
@@ -89,11 +94,16 @@ def _instance(fname: str, idx: int, inst: Any, variant: str | None) -> Conversat
     answer_sids = inst.get("answer_session_ids") or []
     if not isinstance(answer_sids, list):
         raise BenchmarkFormatError(f"{where}: field 'answer_session_ids' must be a list")
+    answer_sids = [need_text(s, where, f"answer_session_ids[{k}]") for k, s in enumerate(answer_sids)]
+    question = need_text(inst["question"], where, "question")
+    answer = answer_text(inst["answer"], where, "answer")
+    question_date = need_text(inst["question_date"], where, "question_date", null=True)
 
     out_sessions: list[Session] = []
     evidence: list[str] = []
-    for sid, date, sess in zip(sids, dates, sessions):
-        sid = str(sid)
+    for k, (sid, date, sess) in enumerate(zip(sids, dates, sessions)):
+        sid = need_text(sid, where, f"haystack_session_ids[{k}]")
+        date = need_text(date, where, f"haystack_dates[{k}]", null=True)
         if not isinstance(sess, list):
             raise BenchmarkFormatError(f"{where}: haystack_sessions entry for session {sid!r} must be a list "
                                        f"of messages, got {type(sess).__name__}")
@@ -104,23 +114,25 @@ def _instance(fname: str, idx: int, inst: Any, variant: str | None) -> Conversat
             for key in ("role", "content"):
                 if key not in msg:
                     raise BenchmarkFormatError(f"{where}: session {sid!r} message {i}: missing field '{key}'")
+            mw = f"{where}: session {sid!r} message {i}"
             if not isinstance(msg["content"], str):
-                raise BenchmarkFormatError(f"{where}: session {sid!r} message {i}: field 'content' must be a string")
-            turn = Turn(turn_id=f"{sid}:{i}", speaker=str(msg["role"]), text=msg["content"],
-                        has_answer=bool(msg.get("has_answer")))
+                raise BenchmarkFormatError(f"{mw}: field 'content' must be a string")
+            turn = Turn(turn_id=f"{sid}:{i}", speaker=need_text(msg["role"], mw, "role"),
+                        text=need_text(msg["content"], mw, "content"),
+                        has_answer=need_bool(msg.get("has_answer"), mw, "has_answer"))
             if turn.has_answer:
                 evidence.append(turn.turn_id)
             turns.append(turn)
-        out_sessions.append(Session(session_id=sid, date_time=None if date is None else str(date), turns=turns))
+        out_sessions.append(Session(session_id=sid, date_time=date, turns=turns))
 
     q = Question(
         question_id=qid,
-        question=str(inst["question"]),
-        answer=str(inst["answer"]),
+        question=question,
+        answer=answer,
         category=qtype,
         evidence=evidence,
-        question_date=None if inst["question_date"] is None else str(inst["question_date"]),
-        extra={"abstention": qid.endswith("_abs"), "answer_session_ids": [str(s) for s in answer_sids]},
+        question_date=question_date,
+        extra={"abstention": qid.endswith("_abs"), "answer_session_ids": answer_sids},
     )
     return Conversation(conversation_id=qid, speakers=["user", "assistant"], sessions=out_sessions, questions=[q],
                         meta={"benchmark": "longmemeval", "variant": variant})

@@ -25,9 +25,58 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
+from arbor_train.errors import InputError
 
-class BenchmarkFormatError(ValueError):
+
+class BenchmarkFormatError(InputError):
     """Bad benchmark input: the message names the file, the record and the field."""
+
+
+def utf8(value: str, where: str, field: str) -> str:
+    """`value` unchanged if it encodes as UTF-8; a lone surrogate (JSON "\\ud800") is refused."""
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise BenchmarkFormatError(f"{where}: field {field!r} is not valid UTF-8 text ({e.reason} at "
+                                       f"character {e.start})") from e
+    return value
+
+
+def need_text(value: Any, where: str, field: str, null: bool = False) -> str | None:
+    """A string field read strictly: no str(None) -> "None", no numbers, valid UTF-8 (`null`: None allowed)."""
+    if value is None and null:
+        return None
+    if not isinstance(value, str):
+        what = "null" if value is None else type(value).__name__
+        raise BenchmarkFormatError(f"{where}: field {field!r} must be a string{' or null' if null else ''}, "
+                                   f"got {what}")
+    return utf8(value, where, field)
+
+
+def answer_text(value: Any, where: str, field: str) -> str:
+    """An answer field: a string, or a number (stringified, as the releases write some answers)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return need_text(value, where, field)
+
+
+def need_bool(value: Any, where: str, field: str) -> bool:
+    """A boolean field: true, false or null/absent (false); a string such as "false" is refused."""
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise BenchmarkFormatError(f"{where}: field {field!r} must be true or false, got {value!r}")
+    return value
+
+
+def check_unique(items: list[tuple[Any, str]], what: str, where: str) -> None:
+    """`items` are (id, position) pairs; a repeated id is refused, naming it and both positions."""
+    seen: dict[Any, str] = {}
+    for key, pos in items:
+        if key in seen:
+            raise BenchmarkFormatError(f"{where}: duplicate {what} {key!r} at {seen[key]} and {pos}")
+        seen[key] = pos
 
 
 @dataclass
