@@ -98,7 +98,10 @@ def plots(rows: list[dict], out: Path) -> list[Path]:
         written.append(out / "ablation_bars.png")
     err = [r for r in rows if r.get("errors")]
     if err:
-        cats = sorted({k for r in err for k in r["errors"]})
+        from eval.scoring import ERROR_CATEGORIES  # stacked in decision order: correct, hedge, misses
+
+        seen = {k for r in err for k in r["errors"]}
+        cats = [c for c in ERROR_CATEGORIES if c in seen] + sorted(seen - set(ERROR_CATEGORIES))
         fig, ax = plt.subplots(figsize=(7, 4))
         bottom = [0.0] * len(err)
         labels = [f"{r['method']}/{r.get('ablation')}/{r.get('budget')}" for r in err]

@@ -33,7 +33,7 @@ LoCoMo (``locomo_normalize``, ``locomo_f1``, ``locomo_score``)
     broader list (answer models phrase abstention in many ways). Pass
     ``abstention_phrases=LOCOMO_CODE_ABSTENTION_PHRASES`` to reproduce the script exactly.
 
-BranchMemEval (``normalize_answer``, ``mentions``, ``answer_correct``)
+BranchMemEval (``normalize_answer``, ``mentions``, ``is_hedge``, ``answer_correct``)
     Normalized rule-based accuracy. ``normalize_answer`` lowercases (after Unicode NFKC), turns
     ``"$"`` into a space, removes thousands separators (a comma between a digit and exactly three
     digits: ``"1,200,000"`` -> ``"1200000"``; ``"3,4"`` is not a number and becomes ``"3 4"``), drops
@@ -51,18 +51,66 @@ BranchMemEval (``normalize_answer``, ``mentions``, ``answer_correct``)
     count (gold ``"Maria"`` is not answered by ``"Maria Lopez"`` when that is the confounder).
     A value that normalizes to nothing is never mentioned.
 
-    ``answer_correct(pred, gold)`` is ``mentions(pred, gold)``: a prediction that states the gold
-    answer is correct, whatever else it says.
+    ``answer_correct(pred, gold, confounder)`` is ``mentions(pred, gold, ignore_inside=confounder)``
+    and not ``is_hedge(pred, gold, confounder)``: a prediction is correct when it states the gold
+    answer and offers no other answer beside it. Accuracy must not pay for naming every candidate.
+
+    A prediction that mentions the gold is a *hedge* when any of these holds:
+
+    1. it states the confounder: ``mentions(pred, confounder, ignore_inside=gold)``, so a confounder
+       occurrence inside the gold (confounder ``"Maria"``, gold ``"Maria Lopez"``) does not count,
+       and neither does a gold occurrence inside the confounder (``mentions`` of the gold already
+       ignores those). ``"$1,200, not $900"`` names the confounder and is a hedge too: the rule does
+       not read negations;
+    2. it names two or more other distinct values of the gold's kind;
+    3. it joins the gold to another value of its kind with "or" or "/" (``"either $1200 or $1500"``,
+       ``"$1,500/$1,800"``, ``"June 3 or 4"``, ``"Marble Hall or Engine Room"``).
+
+    The gold's kind and its values (read from the text after the first steps of ``normalize_answer``,
+    so ``"$1,500"`` is the amount 1500 and ``"3rd"`` the number 3):
+
+    * a *date* gold (month name and day, e.g. ``"June 3"``, ``"3 June"``, ``"Jun 3, 2024"``): the
+      other values are dates of that form; for rule 3 a bare day number also counts (``"June 3 or 4"``);
+    * a *money* gold (``"$1,500"``, ``"1500 dollars"``): the other values are money amounts
+      (a ``"$"`` before or ``"dollars"`` / ``"usd"`` / ``"bucks"`` after a number); for rule 3 a
+      bare number also counts (``"$1,200 or 1,500"``). Other numbers are incidental: ``"The budget is
+      $1,500 for 3 nights"`` is correct;
+    * a *number* gold (a count ``"4"``, or a quantity ``"60 km"``): the other values are numbers
+      (not inside a date, a money amount or a timestamp) followed by the same unit word as the gold
+      (``"km"``; for a count, the word after the gold in the prediction, as ``"rides"`` in ``"4
+      rides"``) or by no word at all (``"4, 5 or 6"``, and list enumerators ``"1."``, ``"2."``, so an
+      enumerated dump of items is a hedge). ``"4 rides over 2 days, 60 km in total"`` is correct:
+      ``2`` and ``60`` count other things. Connectives (``or``, ``and``, ``to``, ``then``,
+      ``maybe``, ...) are not unit words. For rule 3 any number counts;
+    * any *other* gold (names, places, items, and golds such as ``"Room 12"`` that are not exactly
+      one date, amount or number): the prediction is split into items at commas,
+      semicolons, slashes, line breaks and the words ``or`` and ``either`` (not ``and``, which joins
+      facts as often as alternatives), after the gold's own occurrences are taken as one item and
+      list enumerators (``"1."``, ``"-"``) at line starts are dropped. The other values are the
+      items without the gold of 1 to max(3, tokens of the gold) normalized tokens: short enough to
+      be a bare value, so ``"Marble Hall, Engine Room, Chapel Loft"`` is a hedge while ``"The venue
+      is Marble Hall, which is located in Munich and seats 107 guests."`` is not (its item after
+      the comma has 9 tokens). Rule 3 needs one such item next to the gold's item with an ``or`` or ``/`` between them.
+
+    For every kind, values equal to the gold are not "other", ISO dates and timestamps
+    (``"2025-01-03T18:58"``, the turn stamps of the context format) and clock times (``"18:58"``)
+    are never values, and the operands of arithmetic are not candidates: two values joined by
+    ``+``, ``=``, ``*``, ``×``, ``x``, ``plus`` or ``times`` do not count for rule 2, so ``"$180 +
+    $110 = $290"`` is correct for gold ``"$290"``, while a breakdown written out in words
+    (``"$290: $180 for tickets, $110 for food"``) names two other amounts and is a hedge. The rules
+    read no meaning: a prediction listing incidental values of the gold's kind for another purpose is
+    a hedge as well.
 
 BranchMemEval error categories (``context_flags``, ``error_category``)
-    See ``error_category`` for the decision order. "Context" is the answer-time evidence the answer
-    model read: either its text, or a ``arbor_train.runtime.context.Context`` object, in which case
-    only the rendered blocks are searched (its header holds the current time, not evidence). The
-    context is searched line by line (a value never matches across a line break); a value's
-    *position* is (line index, offset in the normalized line) of its first occurrence. Blocks are
-    rendered in priority order (computed answers, update evidence, primary path, facts, states,
-    structured blocks, supplemental turns), so an earlier position is read first, with higher
-    priority.
+    See ``error_category`` for the decision order: ``"correct"``, then ``"hedge"`` (the gold stated
+    with the confounder or other candidates, as defined above), then the three kinds of miss.
+    "Context" is the answer-time evidence the answer model read: either its text, or a
+    ``arbor_train.runtime.context.Context`` object, in which case only the rendered blocks are
+    searched (its header holds the current time, not evidence). The context is searched line by
+    line (a value never matches across a line break); a value's *position* is (line index, offset
+    in the normalized line) of its first occurrence. Blocks are rendered in priority order
+    (computed answers, update evidence, primary path, facts, states, structured blocks,
+    supplemental turns), so an earlier position is read first, with higher priority.
 
 Aggregation (``aggregate``)
     Overall and grouped accuracy (or mean score) over per-question records, with error counts.
@@ -93,6 +141,7 @@ __all__ = [
     "answer_correct",
     "context_flags",
     "error_category",
+    "is_hedge",
     "locomo_f1",
     "locomo_normalize",
     "locomo_score",
@@ -303,21 +352,219 @@ def mentions(text: Any, value: Any, ignore_inside: Any = None) -> bool:
     return _first_match(normalize_answer(text), normalize_answer(value), normalize_answer(ignore_inside)) is not None
 
 
-def answer_correct(pred: Any, gold: Any, confounder: Any = None) -> bool:
-    """BranchMemEval rule-based correctness: the normalized gold occurs in the normalized prediction.
+# --- hedges -----------------------------------------------------------------------------------------
 
-    Whole-token matching as in ``mentions``. With ``confounder`` given, a gold occurrence that is
-    only part of a mention of the confounder does not count (gold ``"Maria"``, confounder
-    ``"Maria Lopez"``, prediction ``"Maria Lopez"`` is wrong).
+_MONTHS = {
+    "january": "january", "jan": "january", "february": "february", "feb": "february", "march": "march",
+    "mar": "march", "april": "april", "apr": "april", "may": "may", "june": "june", "jun": "june",
+    "july": "july", "jul": "july", "august": "august", "aug": "august", "september": "september",
+    "sep": "september", "sept": "september", "october": "october", "oct": "october", "november": "november",
+    "nov": "november", "december": "december", "dec": "december",
+}
+_MONTH = r"(?P<{g}>" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\b\.?"
+_NUM = r"\d+(?:\.\d+)?"
+# ISO dates / timestamps ("2025-01-03", "2025-01-03T18:58") and clock times ("18:58", "6:30 pm"): the
+# turn timestamps of the context format, never candidate values; their digits are not numbers.
+_TIMESTAMP = re.compile(
+    r"\d{4}-\d{1,2}-\d{1,2}(?:[t ]\d{1,2}:\d{2}(?::\d{2})?)?"
+    r"|(?<![\d.])\d{1,2}:\d{2}(?::\d{2})?(?:\s*[ap]\.?m\b\.?)?"
+)
+_DATE = re.compile(
+    r"\b" + _MONTH.format(g="m1") + r"\s*(?P<d1>\d{1,2})(?![\d:]|\.\d)(?:,?\s+\d{4}(?!\d))?"
+    r"|(?<![\d.])(?P<d2>\d{1,2})\s+(?:of\s+)?" + _MONTH.format(g="m2") + r"(?:,?\s+\d{4}(?!\d))?"
+)
+_MONEY = re.compile(r"\$\s*(?P<a>" + _NUM + r")(?!\d|\.\d)|(?<![\d.])(?P<b>" + _NUM + r")\s*(?:dollars?|usd|bucks)\b")
+_NUMBER = re.compile(r"(?<![\d.])" + _NUM + r"(?!\d|\.\d)")
+_UNIT_AFTER = re.compile(r"[ \t]*([a-z]+)")
+_NOT_UNITS = frozenset({"or", "and", "nor", "either", "to", "then", "maybe", "perhaps", "possibly", "probably",
+                        "x", "plus", "minus", "times"})
+# between two values: "X or Y", "X / Y", "X, or maybe Y" (an explicit alternative)
+_ALTERNATIVE_JOIN = re.compile(r"\s*,?\s*(?:or|/)(?:\s+(?:maybe|perhaps|possibly|probably))?\s*")
+# between two values: arithmetic ("$180 + $110 = $290"): operands are working, not alternatives
+_ARITHMETIC_JOIN = re.compile(r"\s*(?:[+=×*]|plus|times|x)\s*")
+# list separators for golds that are not numbers or dates; "and" is not one (it joins facts as often
+# as alternatives), "or" and "either" are
+_PUNCT_SEPARATOR = re.compile(r"([,;\n/])")
+_SEP, _ALT, _GOLD = "\x00sep", "\x00alt", "\x00gold"  # never normalized tokens (no NUL survives)
+_ENUMERATOR = re.compile(r"(?m)^[ \t]*(?:\d{1,2}[.)]|[-*•])[ \t]+")
+_SHORT_SEGMENT = 3  # a list item has 1 .. max(3, tokens of the gold) normalized tokens
+
+
+def _prepare(s: Any) -> str:
+    """The first steps of ``normalize_answer`` (NFKC, lowercase, thousands separators, zero fractions,
+    ordinal suffixes), punctuation kept: the text values are extracted from."""
+    text = unicodedata.normalize("NFKC", _text(s)).lower()
+    text = _THOUSANDS_SEP.sub("", text)
+    text = _ZERO_FRACTION.sub("", text)
+    return _ORDINAL.sub("", text)
+
+
+def _values(text: str) -> list[tuple[int, int, str, Any, str | None]]:
+    """Values in prepared text, in order: ``(start, end, kind, key, unit)``.
+
+    ``kind`` is ``"date"`` (key ``"june 3"``), ``"money"`` (key the amount as a float) or ``"number"``
+    (key a float; ``unit`` the word right after it, which the span includes, ``None`` for a bare
+    number such as ``"90,"`` or a list enumerator ``"2."``). Timestamps and clock times are skipped,
+    and numbers inside dates, money amounts and timestamps are not numbers of their own.
     """
-    return mentions(pred, gold, ignore_inside=confounder)
+    taken: list[tuple[int, int]] = [m.span() for m in _TIMESTAMP.finditer(text)]
+
+    def free(a: int, b: int) -> bool:
+        return not any(a < e and s < b for s, e in taken)
+
+    found: list[tuple[int, int, str, Any, str | None]] = []
+    for m in _DATE.finditer(text):
+        if free(*m.span()):
+            month = _MONTHS[(m.group("m1") or m.group("m2")).rstrip(".")]
+            day = int(m.group("d1") or m.group("d2"))
+            if 1 <= day <= 31:
+                found.append((m.start(), m.end(), "date", f"{month} {day}", None))
+                taken.append(m.span())
+    for m in _MONEY.finditer(text):
+        if free(*m.span()):
+            found.append((m.start(), m.end(), "money", float(m.group("a") or m.group("b")), None))
+            taken.append(m.span())
+    for m in _NUMBER.finditer(text):
+        if free(*m.span()):
+            unit = _UNIT_AFTER.match(text, m.end())
+            if unit and unit.group(1) not in _NOT_UNITS:  # the span takes the unit: "60 km or 90 km"
+                found.append((m.start(), unit.end(), "number", float(m.group()), unit.group(1)))
+            else:
+                found.append((m.start(), m.end(), "number", float(m.group()), None))
+    return sorted(found)
+
+
+def _gold_kind(gold: Any) -> tuple[str, Any, str | None]:
+    """``(kind, key, unit)`` of a gold answer: ``"date"``, ``"money"``, ``"number"`` (a count, or a
+    quantity such as ``"60 km"`` whose ``unit`` is ``"km"``) when the gold is exactly one such value,
+    else ``("other", None, None)``."""
+    text = _prepare(gold).strip()
+    vals = _values(text)
+    if len(vals) == 1:
+        start, end, kind, key, unit = vals[0]
+        if not (text[:start] + text[end:]).strip(" ."):
+            return kind, key, unit
+    return "other", None, None
+
+
+def _numeric_hedge(pred: str, kind: str, key: Any, unit: str | None) -> bool:
+    """Rules 2 and 3 of a hedge for a date, money or number gold (module docstring)."""
+    vals = _values(pred)
+    if unit is None and kind == "number":  # a count: its unit is the word after it in the prediction
+        unit = next((u for _, _, k, v, u in vals if k == "number" and v == key), None)
+
+    def same_kind(k: str, v: Any, u: str | None) -> bool:
+        if kind == "number":
+            return k == "number" and (u is None or u == unit)
+        return k == kind
+
+    def alternative_of_kind(k: str, v: Any, u: str | None) -> bool:
+        if kind == "date":  # "June 3 or 4"
+            return k == "date" or (k == "number" and float(v).is_integer() and 1 <= v <= 31 and u is None)
+        if kind == "money":  # "$1,200 or 1,500"
+            return k in ("money", "number")
+        return k == "number"
+
+    def is_gold(k: str, v: Any) -> bool:  # a money gold may be stated as a bare number
+        return v == key and (k == kind or (kind == "money" and k == "number"))
+
+    # 3. an explicit alternative: the gold and another value of its kind joined by "or" / "/"
+    for (_, a_end, a_k, a_v, a_u), (b_start, _, b_k, b_v, b_u) in zip(vals, vals[1:]):
+        if _ALTERNATIVE_JOIN.fullmatch(pred[a_end:b_start]):
+            if (is_gold(a_k, a_v) and alternative_of_kind(b_k, b_v, b_u) and b_v != key) or (
+                is_gold(b_k, b_v) and alternative_of_kind(a_k, a_v, a_u) and a_v != key
+            ):
+                return True
+    # 2. two or more other distinct values of the gold's kind; arithmetic operands do not count
+    operands = set()
+    for i, ((_, a_end, *_), (b_start, *_)) in enumerate(zip(vals, vals[1:])):
+        if _ARITHMETIC_JOIN.fullmatch(pred[a_end:b_start]):
+            operands.update((i, i + 1))
+    others = {v for i, (_, _, k, v, u) in enumerate(vals) if i not in operands and same_kind(k, v, u) and v != key}
+    return len(others) >= 2
+
+
+def _list_hedge(pred: str, gold: Any) -> bool:
+    """Rules 2 and 3 of a hedge for any other gold (names, places, items): list alternatives."""
+    gold_tokens = normalize_answer(gold).split()
+    if not gold_tokens:
+        return False
+    tokens: list[str] = []  # normalized tokens and _SEP / _ALT separator marks
+    for i, piece in enumerate(_PUNCT_SEPARATOR.split(_ENUMERATOR.sub("", _prepare(pred)))):
+        if i % 2:  # a separator
+            tokens.append(_ALT if piece == "/" else _SEP)
+        else:
+            tokens.extend(normalize_answer(piece).split())
+    # the gold's occurrences become one item first, so a gold holding "or" stays whole
+    masked: list[str] = []
+    i, n = 0, len(gold_tokens)
+    while i < len(tokens):
+        if tokens[i : i + n] == gold_tokens:
+            masked.append(_GOLD)
+            i += n
+        else:
+            masked.append({"or": _ALT, "either": _SEP}.get(tokens[i], tokens[i]))
+            i += 1
+    # segments between separators, each with the separators that lead to the next one
+    segments: list[tuple[bool, int]] = []  # (holds the gold, number of tokens)
+    joins: list[bool] = []  # joins[k]: an "or" / "/" lies between segments k and k + 1
+    current: list[str] = []
+    pending_alt = False
+    for tok in masked + [_SEP]:
+        if tok in (_SEP, _ALT):
+            if current:
+                if segments:
+                    joins.append(pending_alt)
+                segments.append((_GOLD in current, sum(t != _GOLD for t in current)))
+                current, pending_alt = [], False
+            pending_alt = pending_alt or tok == _ALT
+        else:
+            current.append(tok)
+    limit = max(_SHORT_SEGMENT, n)
+
+    def item(k: int) -> bool:
+        has_gold, size = segments[k]
+        return not has_gold and 1 <= size <= limit
+
+    if sum(item(k) for k in range(len(segments))) >= 2:
+        return True
+    return any(joins[k] and ((segments[k][0] and item(k + 1)) or (segments[k + 1][0] and item(k)))
+               for k in range(len(joins)))
+
+
+def is_hedge(pred: Any, gold: Any, confounder: Any = None) -> bool:
+    """Whether a prediction that mentions the gold also offers other answers (rules in the module docstring).
+
+    ``True`` when the prediction states the confounder (``mentions(pred, confounder,
+    ignore_inside=gold)``), or names two or more other distinct values of the gold's kind, or joins
+    the gold to another value of its kind with "or" / "/". It does not check that the gold is
+    mentioned (``answer_correct`` and ``error_category`` do).
+    """
+    if mentions(pred, confounder, ignore_inside=gold):
+        return True
+    kind, key, unit = _gold_kind(gold)
+    if kind == "other":
+        return _list_hedge(_text(pred), gold)
+    return _numeric_hedge(_prepare(pred), kind, key, unit)
+
+
+def answer_correct(pred: Any, gold: Any, confounder: Any = None) -> bool:
+    """BranchMemEval rule-based correctness: the prediction states the gold, and only the gold.
+
+    The normalized gold occurs in the normalized prediction (whole-token matching as in ``mentions``;
+    with ``confounder`` given, a gold occurrence that is only part of a mention of the confounder does
+    not count: gold ``"Maria"``, confounder ``"Maria Lopez"``, prediction ``"Maria Lopez"`` is wrong),
+    and the prediction is not a hedge (``is_hedge``): ``"either $1200 or $1500"`` is wrong for gold
+    ``"$1500"`` with confounder ``"$1200"``.
+    """
+    return mentions(pred, gold, ignore_inside=confounder) and not is_hedge(pred, gold, confounder)
 
 
 # --------------------------------------------------------------------------------------------------
 # BranchMemEval error categories
 
-#: Values ``error_category`` returns, "correct" first.
-ERROR_CATEGORIES: tuple[str, ...] = ("correct", "retrieval_failure", "trajectory_confusion", "other")
+#: Values ``error_category`` returns, "correct" first, then "hedge" (the decision order's first two).
+ERROR_CATEGORIES: tuple[str, ...] = ("correct", "hedge", "retrieval_failure", "trajectory_confusion", "other")
 
 
 def _context_lines(context: str | Context) -> list[str]:
@@ -362,19 +609,21 @@ def context_flags(context: str | Context, gold: Any, confounder: Any) -> dict[st
 
 
 def error_category(pred: Any, gold: Any, confounder: Any, context: str | Context) -> str:
-    """Classify one BranchMemEval answer: ``"correct"`` or one of three error categories.
+    """Classify one BranchMemEval answer: ``"correct"`` or one of four error categories.
 
     Decision order (the first rule that applies wins):
 
     1. ``"correct"``: ``answer_correct(pred, gold, confounder)``.
-    2. ``"trajectory_confusion"``: the prediction mentions the confounder (the confounder answered;
+    2. ``"hedge"``: the prediction states the gold, but together with the confounder or other
+       candidate values (``mentions(pred, gold, ignore_inside=confounder)`` and ``is_hedge``).
+    3. ``"trajectory_confusion"``: the prediction mentions the confounder (the confounder answered;
        a mention inside a mention of the gold does not count).
-    3. ``"retrieval_failure"``: the gold does not occur in the context (the evidence never reached
+    4. ``"retrieval_failure"``: the gold does not occur in the context (the evidence never reached
        the answer model).
-    4. ``"trajectory_confusion"``: the confounder occurs in the context *before* the gold, i.e. at
+    5. ``"trajectory_confusion"``: the confounder occurs in the context *before* the gold, i.e. at
        an earlier (line, offset) position; blocks are rendered in priority order, so the
        confounder was presented with higher priority than the gold (present and preferred).
-    5. ``"other"``: the gold was in the context with priority and the answer still missed it
+    6. ``"other"``: the gold was in the context with priority and the answer still missed it
        (reading, reasoning or abstention error).
 
     Args:
@@ -386,8 +635,8 @@ def error_category(pred: Any, gold: Any, confounder: Any, context: str | Context
     Returns:
         One of ``ERROR_CATEGORIES``.
     """
-    if answer_correct(pred, gold, confounder):
-        return "correct"
+    if mentions(pred, gold, ignore_inside=confounder):
+        return "hedge" if is_hedge(pred, gold, confounder) else "correct"
     if mentions(pred, confounder, ignore_inside=gold):
         return "trajectory_confusion"
     lines = _context_lines(context)

@@ -13,6 +13,7 @@ from eval.scoring import (
     answer_correct,
     context_flags,
     error_category,
+    is_hedge,
     locomo_f1,
     locomo_normalize,
     locomo_score,
@@ -218,6 +219,109 @@ def test_mentions_and_ignore_inside():
 
 
 # --------------------------------------------------------------------------------------------------
+# BranchMemEval hedges: the gold stated together with other candidate answers is not correct
+
+
+def test_hedge_with_confounder_is_not_correct():
+    # the gold $1500 is stated, but so is the confounder $1200
+    assert not answer_correct("either $1200 or $1500", "$1500", "$1200")
+    assert error_category("either $1200 or $1500", "$1500", "$1200", "[PrimaryPath]\nbudget $1,500") == "hedge"
+    # the same with the confounder named apart from the gold, either order
+    assert not answer_correct("It was $1,200, now it is $1,500.", "$1500", "$1200")
+    assert not answer_correct("Marble Hall and Green Room Studio", "Marble Hall", "Green Room Studio")
+    # the hedge class comes before trajectory_confusion (which also holds: the confounder is named)
+    ctx = "[PrimaryPath]\nBen's budget is $1,200.\n[AtomicFacts]\nAnna's budget is $1,500."
+    assert error_category("$1,200 or $1,500", "$1500", "$1200", ctx) == "hedge"
+
+
+def test_value_dump_is_not_correct():
+    # nine amounts, the gold among them, the confounder not: rule 2 (two or more other amounts)
+    dump = "$100, $200, $300, $400, $500, $600, $700, $800, $1,500"
+    assert not mentions(dump, "$1200")
+    assert not answer_correct(dump, "$1500", "$1200")
+    assert error_category(dump, "$1500", "$1200", "") == "hedge"
+    # nine dates, nine counts, nine names
+    dates = "May 1, May 2, May 3, May 4, June 3, May 6, May 7, May 8, May 9"
+    assert not answer_correct(dates, "June 3", "June 30")
+    assert not answer_correct("1, 2, 4, 5, 6, 7, 8, 9, 10", "4", "3")
+    names = "Ada, Ben, Cy, Dan, Eve, Maria Lopez, Finn, Gus, Hal"
+    assert not answer_correct(names, "Maria Lopez", "Maria")
+    # an enumerated dump of items is a dump of numbers too (gold count 4, confounder 5)
+    assert not answer_correct("1. museum\n2. tea house\n3. fish market\n4. coral reef", "4", "5")
+
+
+def test_ordinary_answers_stay_correct():
+    assert answer_correct("It's $1,500 now.", "$1500", "$1200")
+    assert error_category("It's $1,500 now.", "$1500", "$1200", "") == "correct"
+    # the confounder "Maria" lies inside the gold "Maria Lopez": not a statement of the confounder
+    assert answer_correct("Maria Lopez", "Maria Lopez", "Maria")
+    assert answer_correct("The coach is Maria Lopez.", "Maria Lopez", "Maria")
+    # incidental numbers of another kind than the gold's
+    assert answer_correct("The budget is $1,500 for 3 nights", "$1500", "$1200")  # 3 is not money
+    assert answer_correct("[2025-01-03T18:58] The budget is $1,500", "$1500", "$1200")  # a timestamp
+    assert answer_correct("4 rides over 2 days, 60 km in total", "4", "3")  # 2 days, 60 km: not rides
+    assert answer_correct("60 km over 2 days with 5 stops", "60 km", "90 km")
+    assert answer_correct("On June 3, 2024 at 18:00", "June 3", "June 30")  # the year and a clock time
+    # one other value of the kind is not a hedge (two are needed unless joined by "or" / "/")
+    assert answer_correct("$1,500, up from last year's $1,000", "$1500", "$1200")
+    # arithmetic operands are working, not alternatives
+    assert answer_correct("$180 + $110 = $290", "$290", "$145")
+    # a long clause after a comma is not a list item
+    assert answer_correct("The venue is Marble Hall, which is located in Munich and seats 107 guests.",
+                          "Marble Hall", "Green Room Studio")
+    assert answer_correct("Item 2 in the agenda is cocktail hour.", "cocktail hour", "city walking tour")
+    # a gold holding a separator word stays one item
+    assert answer_correct("Door or Window", "Door or Window", "Arch")
+
+
+@pytest.mark.parametrize(
+    ("pred", "gold", "confounder"),
+    [
+        ("$1,500 or $1,800", "$1500", "$1200"),  # "X or Y", Y an amount
+        ("$1,500/$1,800", "$1500", "$1200"),  # "X/Y"
+        ("1500 or 1800 dollars", "$1500", "$1200"),  # a bare number joined to an amount
+        ("4 or 5", "4", "3"),
+        ("4 rides or 5 rides", "4", "3"),
+        ("60 km or 80 km", "60 km", "90 km"),
+        ("June 3 or 4", "June 3", "June 30"),  # a bare day number joined to a date
+        ("June 3 or July 5", "June 3", "June 30"),
+        ("Marble Hall or Engine Room", "Marble Hall", "Green Room Studio"),
+        ("Either Marble Hall or the Engine Room", "Marble Hall", "Green Room Studio"),
+    ],
+)
+def test_explicit_alternative_is_a_hedge(pred, gold, confounder):
+    assert mentions(pred, gold)
+    assert is_hedge(pred, gold, confounder)
+    assert not answer_correct(pred, gold, confounder)
+
+
+@pytest.mark.parametrize(
+    ("pred", "gold", "confounder"),
+    [
+        ("$900, $1,500, $1,800", "$1500", "$1200"),  # two other amounts
+        ("$290: $180 for tickets, $110 for food", "$290", "$145"),  # a breakdown in words
+        ("4, 5 or 6", "4", "3"),  # bare numbers
+        ("60 km, 80 km or 120 km", "60 km", "90 km"),  # the gold's unit
+        ("June 3, 2024 (moved from May 1, then April 2)", "June 3", "June 30"),  # two other dates
+        ("Marble Hall, Engine Room, Chapel Loft", "Marble Hall", "Green Room Studio"),  # two short items
+        ("1. recruiting mixer\n2. cocktail hour\n3. career fair", "cocktail hour", "city walking tour"),
+    ],
+)
+def test_several_candidates_are_a_hedge(pred, gold, confounder):
+    assert is_hedge(pred, gold, confounder)
+    assert not answer_correct(pred, gold, confounder)
+
+
+def test_hedge_needs_the_gold():
+    # without the gold the old categories apply: naming the confounder is trajectory confusion
+    assert error_category("$1,200 or $1,800", "$1500", "$1200", "") == "trajectory_confusion"
+    # a dump without the gold and without the confounder is a miss of the usual kinds
+    assert error_category("$100, $200, $300", "$1500", "$1200", "") == "retrieval_failure"
+    # the gold only inside the confounder is not stated: "Maria Lopez" for gold "Maria"
+    assert error_category("Maria Lopez", "Maria", "Maria Lopez", "") == "trajectory_confusion"
+
+
+# --------------------------------------------------------------------------------------------------
 # BranchMemEval error categories
 
 GOLD, CONF = "$1,200", "$900"
@@ -226,8 +330,11 @@ GOLD, CONF = "$1,200", "$900"
 def test_correct_comes_first():
     ctx = "[PrimaryPath]\nAnna's travel budget is $1,200."
     assert error_category("It is $1,200.", GOLD, CONF, ctx) == "correct"
-    # stating the gold wins even when the confounder is also named, and even without evidence
-    assert error_category("$1,200, not $900", GOLD, CONF, "") == "correct"
+    # stating the gold wins even without evidence
+    assert error_category("It is $1,200.", GOLD, CONF, "") == "correct"
+    # ... but not when the confounder is named too: the rule reads no negation, this is a hedge
+    assert not answer_correct("$1,200, not $900", GOLD, CONF)
+    assert error_category("$1,200, not $900", GOLD, CONF, "") == "hedge"
 
 
 def test_confounder_answered_is_trajectory_confusion():
@@ -265,7 +372,7 @@ def test_other():
     assert error_category("Not sure.", GOLD, CONF, "[PrimaryPath]\nAnna: $1,200") == "other"
     # no confounder at all
     assert error_category("Not sure.", GOLD, None, "[PrimaryPath]\nAnna: $1,200") == "other"
-    assert set(ERROR_CATEGORIES) == {"correct", "retrieval_failure", "trajectory_confusion", "other"}
+    assert ERROR_CATEGORIES == ("correct", "hedge", "retrieval_failure", "trajectory_confusion", "other")
 
 
 def test_values_do_not_match_across_lines():
