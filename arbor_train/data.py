@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 
+from arbor_train.runtime.rerank import encode_pairs
 from arbor_train.runtime.schema import Candidate
 
 
@@ -24,15 +25,17 @@ def load_sets(data_dir: str | Path, names: list[str]) -> dict[str, Any]:
 
     from data_gen.schema import check_dataset
 
+    from arbor_train.errors import InputError, MissingInputError
+
     p = Path(data_dir) / "hf"
     if not p.exists():
-        raise FileNotFoundError(f"data option data_dir={str(data_dir)!r}: no hf/ folder (run python -m data_gen.branchmem "
-                                f"or data_gen.locomo first)")
+        raise MissingInputError(f"data option data_dir={str(data_dir)!r}: no hf/ folder (run python -m "
+                                f"data_gen.branchmem or data_gen.locomo first)")
     dd = load_from_disk(str(p))
     out = {}
     for n in names:
         if n not in dd:
-            raise KeyError(f"data option data_dir={str(data_dir)!r}: set {n!r} missing (has {sorted(dd)})")
+            raise InputError(f"data option data_dir={str(data_dir)!r}: set {n!r} missing (has {sorted(dd)})")
         check_dataset(n, dd[n])
         out[n] = dd[n]
     return out
@@ -93,7 +96,7 @@ def rerank_groups(rows, source: str, group_size: int, include_new_root: bool = T
 def encode_groups(groups: list[RerankGroup], tokenizer, max_length: int) -> list[dict]:
     out = []
     for g in groups:
-        enc = tokenizer([g.query] * len(g.docs), g.docs, truncation="only_second", max_length=max_length)
+        enc = encode_pairs(tokenizer, [g.query] * len(g.docs), g.docs, max_length)
         out.append({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
                     "token_type_ids": enc.get("token_type_ids"), "gold": g.gold})
     return out
@@ -193,7 +196,9 @@ class ResumableLoader:
                  drop_last: bool = False, shard: bool = True, rank: int | None = None,
                  world_size: int | None = None):
         if batch_size < 1:
-            raise ValueError(f"option task.batch_size must be >= 1, got {batch_size}")
+            from arbor_train.errors import ConfigError
+
+            raise ConfigError(f"option task.batch_size must be >= 1, got {batch_size}")
         self.examples, self.batch_size, self.collate = examples, batch_size, collate
         self.seed, self.shuffle, self.drop_last, self.shard = seed, shuffle, drop_last, shard
         self.rank, self.world_size = rank, world_size
@@ -221,8 +226,10 @@ class ResumableLoader:
         """This rank's batches of `epoch`, as example indices (the same on every call)."""
         r, w = self._world()
         if len(self.examples) < w:
-            raise ValueError(f"{len(self.examples)} training item(s) for {w} ranks: every rank needs at least one "
-                             f"(more data, or fewer trainer.devices)")
+            from arbor_train.errors import ConfigError
+
+            raise ConfigError(f"{len(self.examples)} training item(s) for {w} ranks: every rank needs at least one "
+                              f"(more data, or fewer trainer.devices)")
         order, step = self._order(epoch), w * self.batch_size
         n_full, rest = divmod(len(order), step)
         out = [order[k * step + r * self.batch_size : k * step + (r + 1) * self.batch_size] for k in range(n_full)]

@@ -141,7 +141,9 @@ def test_index_is_rebuilt_when_missing_or_ahead_of_the_database(runtime_cfg, tmp
     for u, a in turns[:3]:
         mem.step(u, a)
     mem.close()
-    (tmp_path / "small.sqlite.hnsw" / "c.bin").write_bytes((tmp_path / "big.sqlite.hnsw" / "c.bin").read_bytes())
+    from arbor_train.runtime.index import index_path
+
+    index_path(str(small), "c").write_bytes(index_path(str(big), "c").read_bytes())
     mem = ArborMemory.open(small, "c", runtime_cfg)
     assert len(mem.index) == 3
     mem.close()

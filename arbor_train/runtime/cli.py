@@ -7,7 +7,11 @@
     python -m arbor_train.runtime.cli command=render out=forest.png highlight_question='...' memory=...
 
 Conversation files (ingest): JSON {"conversation_id"?: str, "turns": [{"user", "assistant", "timestamp"?}, ...]}
-or JSONL with one turn object per line. The whole file is validated before anything is written.
+or JSONL with one turn object per line. The whole file is validated before anything is written
+(`load_conversation`). Ingest is idempotent and resumable: each stored turn records its identity (a
+hash chained over the file's turns so far), so rerunning a file, or the file grown by new turns, or
+the same file after a killed ingest, stores each turn once and says how many it skipped. One writer
+per memory file (a lock; a second one waits `runtime.store.lock_timeout_s`, then is refused).
 
 `run(cfg)` does the work and returns a dict (importable, testable); `main()` is the thin Hydra entry point.
 """
@@ -23,6 +27,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from ..errors import ConfigError, InputError, entry_point, parse_bool, parse_int
 from ..paths import CONF_DIR
 
 COMMANDS = ("ingest", "ask", "show", "export", "render")
@@ -38,20 +43,20 @@ def _opt(cfg: DictConfig, key: str) -> Any:
     try:
         return cfg[key]
     except Exception as e:  # interpolation error (e.g. ${hydra:...} outside a Hydra run)
-        raise ValueError(f"option {key} could not be resolved ({e}); pass {key}=... explicitly") from e
+        raise ConfigError(f"option {key} could not be resolved ({e}); pass {key}=... explicitly") from e
 
 
 def _required(cfg: DictConfig, key: str, command: str, hint: str) -> Any:
     v = _opt(cfg, key)
     if v is None or (isinstance(v, str) and not v.strip()):
-        raise ValueError(f"command={command} needs option {key} ({hint}), e.g. {key}=...")
+        raise ConfigError(f"command={command} needs option {key} ({hint}), e.g. {key}=...")
     return v
 
 
 def _out_path(cfg: DictConfig, command: str, suffixes: tuple[str, ...]) -> Path:
     out = Path(str(_required(cfg, "out", command, "the output file, " + " or ".join(suffixes))))
     if out.suffix.lower() not in suffixes:
-        raise ValueError(f"out={str(out)!r}: command={command} writes {' or '.join(suffixes)} "
+        raise ConfigError(f"out={str(out)!r}: command={command} writes {' or '.join(suffixes)} "
                          f"(got suffix {out.suffix or 'none'!r})")
     return out
 
@@ -59,56 +64,108 @@ def _out_path(cfg: DictConfig, command: str, suffixes: tuple[str, ...]) -> Path:
 def _memory_path(cfg: DictConfig, must_exist: bool) -> Path:
     p = _opt(cfg, "memory")
     if p is None:
-        raise ValueError("option memory (the memory SQLite file) is not set; pass memory=PATH")
+        raise ConfigError("option memory (the memory SQLite file) is not set; pass memory=PATH")
     p = Path(str(p))
     if must_exist and not p.exists():
-        raise ValueError(f"memory={str(p)!r} does not exist; build one first with command=ingest")
+        raise ConfigError(f"memory={str(p)!r} does not exist; build one first with command=ingest")
     return p
 
 
 # ---------------------------------------------------------------------- conversation files
-def _check_turn(turn: Any, where: str) -> dict:
+DEFAULT_LIMITS = {"max_field_chars": 200_000, "max_turns": 1_000_000, "max_id_chars": 256}
+
+
+def json_type(value: Any) -> str:
+    """The JSON name of a parsed value's type (what a user sees in their file)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "list", dict: "object"}.get(type(value), type(value).__name__)
+
+
+def check_text(value: Any, where: str, field: str, limit: int, empty_ok: bool = True) -> str:
+    """A text field the store can hold: a str, encodable as UTF-8 (no lone surrogates), no NUL, within limit."""
+    if not isinstance(value, str):
+        raise InputError(f"{where}: field {field!r} must be a string, got {json_type(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InputError(f"{where}: field {field!r} holds {value[e.start]!r} at character {e.start}, which is not "
+                         "encodable text (a lone UTF-16 surrogate, e.g. a JSON \\ud800 escape without its pair)") from None
+    if "\x00" in value:
+        raise InputError(f"{where}: field {field!r} holds a NUL character at character {value.index(chr(0))}")
+    if len(value) > limit:
+        raise InputError(f"{where}: field {field!r} has {len(value):,} characters, over the limit of {limit:,} "
+                         "(runtime.limits)")
+    if not empty_ok and not value.strip():
+        raise InputError(f"{where}: field {field!r} is empty")
+    return value
+
+
+def check_conversation_id(value: Any, where: str, limits: dict | None = None) -> str:
+    lim = {**DEFAULT_LIMITS, **(limits or {})}
+    return check_text(value, where, "conversation_id", lim["max_id_chars"], empty_ok=False)
+
+
+def _check_turn(turn: Any, where: str, lim: dict) -> dict:
     if not isinstance(turn, dict):
-        raise ValueError(f"{where}: a turn must be an object with 'user' and 'assistant', got {type(turn).__name__}")
+        raise InputError(f"{where}: a turn must be an object with 'user' and 'assistant', got {json_type(turn)}")
     for key in ("user", "assistant"):
         if key not in turn:
-            raise ValueError(f"{where} is missing field {key!r}")
-        if not isinstance(turn[key], str):
-            raise ValueError(f"{where}: field {key!r} must be a string, got {type(turn[key]).__name__}")
-    if not turn["user"].strip():
-        raise ValueError(f"{where}: field 'user' is empty")
+            raise InputError(f"{where} is missing field {key!r}")
+        check_text(turn[key], where, key, lim["max_field_chars"], empty_ok=key == "assistant")
     ts = turn.get("timestamp")
-    if ts is not None and not isinstance(ts, str):
-        raise ValueError(f"{where}: field 'timestamp' must be a string or null, got {type(ts).__name__}")
+    if ts is not None:
+        check_text(ts, where, "timestamp", lim["max_id_chars"])
     return {"user": turn["user"], "assistant": turn["assistant"], "timestamp": ts}
 
 
-def load_conversation(path: str | Path) -> tuple[str | None, list[dict]]:
+def _no_duplicate_keys(where: str):
+    def hook(pairs: list[tuple[str, Any]]) -> dict:
+        out: dict = {}
+        for k, v in pairs:
+            if k in out:
+                raise InputError(f"{where}: field {k!r} appears twice in one object")
+            out[k] = v
+        return out
+
+    return hook
+
+
+def load_conversation(path: str | Path, limits: dict | None = None) -> tuple[str | None, list[dict]]:
     """(conversation_id or None, validated turns) of a conversation JSON / JSONL file.
 
-    Raises ValueError naming the file, the turn (1-based; and line for JSONL) and the field.
+    Everything later code relies on is checked here, before anything is written: types, encodable
+    text, sizes within `limits` (runtime.limits), no duplicated field. Raises InputError naming the
+    file, the turn (1-based; and line for JSONL) and the field.
     """
+    lim = {**DEFAULT_LIMITS, **(limits or {})}
     p = Path(path)
     if not p.exists():
-        raise ValueError(f"input={str(p)!r}: file does not exist")
+        raise InputError(f"input={str(p)!r}: file does not exist")
     if not p.is_file():
-        raise ValueError(f"input={str(p)!r}: not a file")
+        raise InputError(f"input={str(p)!r}: not a file")
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{p}: not UTF-8 text ({e})") from e
+        raise InputError(f"{p}: not UTF-8 text ({e})") from None
     if not text.strip():
-        raise ValueError(f"{p}: file is empty")
+        raise InputError(f"{p}: file is empty")
 
     data: Any = None
     jsonl = p.suffix.lower() == ".jsonl"
     if not jsonl:
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_no_duplicate_keys(str(p)))
         except json.JSONDecodeError as e:
             if p.suffix.lower() == ".json":
-                raise ValueError(f"{p}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
+                raise InputError(f"{p}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
             jsonl = True  # no telling suffix: try one object per line
+        except RecursionError:
+            raise InputError(f"{p}: JSON nested too deeply") from None
 
     conv_id: str | None = None
     turns: list[dict] = []
@@ -116,29 +173,35 @@ def load_conversation(path: str | Path) -> tuple[str | None, list[dict]]:
         for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
+            where = f"{p}: turn {len(turns) + 1} (line {lineno})"
             try:
-                obj = json.loads(line)
+                obj = json.loads(line, object_pairs_hook=_no_duplicate_keys(where))
             except json.JSONDecodeError as e:
-                raise ValueError(f"{p}: invalid JSON on line {lineno} (column {e.colno}): {e.msg}") from e
-            turns.append(_check_turn(obj, f"{p}: turn {len(turns) + 1} (line {lineno})"))
+                raise InputError(f"{p}: invalid JSON on line {lineno} (column {e.colno}): {e.msg}") from None
+            except RecursionError:
+                raise InputError(f"{where}: JSON nested too deeply") from None
+            turns.append(_check_turn(obj, where, lim))
+            if len(turns) > lim["max_turns"]:
+                raise InputError(f"{p}: more than {lim['max_turns']:,} turns (runtime.limits.max_turns)")
     else:
         if isinstance(data, list):
             raw_turns = data
         elif isinstance(data, dict):
             if "turns" not in data:
-                raise ValueError(f"{p}: missing field 'turns' (a list of {{'user', 'assistant'}} objects)")
+                raise InputError(f"{p}: missing field 'turns' (a list of {{'user', 'assistant'}} objects)")
             raw_turns = data["turns"]
-            cid = data.get("conversation_id")
-            if cid is not None and (not isinstance(cid, str) or not cid.strip()):
-                raise ValueError(f"{p}: field 'conversation_id' must be a non-empty string")
-            conv_id = cid
+            if data.get("conversation_id") is not None:
+                conv_id = check_conversation_id(data["conversation_id"], str(p), lim)
         else:
-            raise ValueError(f"{p}: expected an object with 'turns' or a list of turns, got {type(data).__name__}")
+            raise InputError(f"{p}: expected an object with 'turns' or a list of turns, got {json_type(data)}")
         if not isinstance(raw_turns, list):
-            raise ValueError(f"{p}: field 'turns' must be a list, got {type(raw_turns).__name__}")
-        turns = [_check_turn(t, f"{p}: turn {i}") for i, t in enumerate(raw_turns, 1)]
+            raise InputError(f"{p}: field 'turns' must be a list, got {json_type(raw_turns)}")
+        if len(raw_turns) > lim["max_turns"]:
+            raise InputError(f"{p}: {len(raw_turns):,} turns, over the limit of {lim['max_turns']:,} "
+                             "(runtime.limits.max_turns)")
+        turns = [_check_turn(t, f"{p}: turn {i}", lim) for i, t in enumerate(raw_turns, 1)]
     if not turns:
-        raise ValueError(f"{p}: no turns")
+        raise InputError(f"{p}: no turns")
     return conv_id, turns
 
 
@@ -149,30 +212,71 @@ def _open(cfg: DictConfig, path: Path, conversation_id: str):
     return ArborMemory.open(path, conversation_id, cfg.runtime)
 
 
+def _limits(cfg: DictConfig) -> dict:
+    return dict(cfg.runtime.get("limits") or {})
+
+
+def _conversation(cfg: DictConfig, file_conv: str | None = None) -> str:
+    raw = _opt(cfg, "conversation_id")
+    if raw is None:
+        raise ConfigError("option conversation_id is not set; pass conversation_id=NAME (default: default)")
+    conv = check_conversation_id(str(raw), "option conversation_id", _limits(cfg))
+    return file_conv if (conv == "default" and file_conv) else conv
+
+
+def _reset(store) -> dict[str, int]:
+    """Empty a memory file in one transaction (the writer lock is held): every conversation, every table."""
+    from .store import DATA_TABLES, FTS_TABLES
+
+    removed = {c: n for c, n in store.db.execute(
+        "SELECT conversation_id, COUNT(*) FROM nodes GROUP BY conversation_id ORDER BY 1")}
+    with store.transaction():
+        for table in DATA_TABLES[1:] + tuple(FTS_TABLES):
+            store.db.execute(f"DELETE FROM {table}")
+        store.db.execute("DELETE FROM meta WHERE key != 'schema_version'")
+    return removed
+
+
 def _ingest(cfg: DictConfig) -> dict:
     from tqdm import tqdm
 
-    src = _required(cfg, "input", "ingest", "a conversation JSON/JSONL file")
-    file_conv, turns = load_conversation(str(src))  # everything is validated before the memory is opened
-    conv = str(cfg.conversation_id)
-    if conv == "default" and file_conv:
-        conv = file_conv
-    path = _memory_path(cfg, must_exist=False)
-    if cfg.get("reset") and path.exists():  # start this memory file over (its vector index too)
-        import shutil
+    from .memory import ArborMemory, turn_keys
+    from .store import Store
 
-        for extra in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
-            extra.unlink(missing_ok=True)
-        shutil.rmtree(f"{path}.hnsw", ignore_errors=True)
-        print(f"reset: removed {path}")
-    mem = _open(cfg, path, conv)
+    src = _required(cfg, "input", "ingest", "a conversation JSON/JSONL file")
+    reset = parse_bool(_opt(cfg, "reset"), "reset")
+    # everything is validated before the memory is opened: a bad file or option writes nothing
+    file_conv, turns = load_conversation(str(src), _limits(cfg))
+    conv = _conversation(cfg, file_conv)
+    path = _memory_path(cfg, must_exist=False)
+    keys = turn_keys(turns)
+    store = Store(str(path), synchronous=cfg.runtime.store.synchronous)
+    try:
+        store.lock_for_writing(float(cfg.runtime.store.get("lock_timeout_s", 0.0)))
+        if reset:  # start this memory file over (its vector index too)
+            import shutil
+
+            removed = _reset(store)
+            shutil.rmtree(f"{path}.hnsw", ignore_errors=True)
+            what = ", ".join(f"{c!r}: {n} nodes" for c, n in removed.items()) or "it was empty"
+            print(f"reset: emptied {path} ({what})")
+        mem = ArborMemory(store, conv, cfg.runtime)
+    except BaseException:
+        store.close()
+        raise
     routes: list[dict] = []
-    verbose = len(turns) < PER_TURN_LINES_BELOW
+    known = store.turn_keys(conv)
+    todo = [(i, t, k) for i, (t, k) in enumerate(zip(turns, keys), 1) if k not in known]
+    skipped = len(turns) - len(todo)
+    if skipped:
+        print(f"skipped {skipped} of {len(turns)} turns already in memory {path} (conversation {conv!r}); "
+              f"{len(todo)} to ingest")
+    verbose = len(todo) < PER_TURN_LINES_BELOW
     try:
         before = mem.stats()["nodes"]
-        bar = tqdm(turns, desc=f"ingest {conv}", unit="turn", file=sys.stderr, disable=None)
-        for i, t in enumerate(bar, 1):
-            node, loc = mem.step(t["user"], t["assistant"], t["timestamp"])
+        bar = tqdm(todo, desc=f"ingest {conv}", unit="turn", file=sys.stderr, disable=None)
+        for i, t, key in bar:
+            node, loc = mem.step(t["user"], t["assistant"], t["timestamp"], turn_key=key)
             r = {"turn": i, "node_id": node.id, "parent_id": node.parent_id, "root_id": node.root_id,
                  "route": loc.route, "score": round(float(loc.score), 4), "cue": loc.cue}
             routes.append(r)
@@ -187,11 +291,11 @@ def _ingest(cfg: DictConfig) -> dict:
     if not verbose:
         by_route = Counter(r["route"] for r in routes)
         new_roots = sum(r["parent_id"] is None for r in routes)
-        print(f"ingested {len(turns)} turns: {new_roots} new roots; routes "
+        print(f"ingested {len(todo)} turns: {new_roots} new roots; routes "
               + ", ".join(f"{k}={v}" for k, v in by_route.most_common()))
     print(f"memory {path} conversation {conv!r}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
-    return {"conversation_id": conv, "memory": str(path), "turns": len(turns), "nodes_before": before,
-            "counts": counts, "routes": routes}
+    return {"conversation_id": conv, "memory": str(path), "turns": len(turns), "skipped": skipped,
+            "nodes_before": before, "counts": counts, "routes": routes}
 
 
 def _fmt_channels(ch: dict[str, float]) -> str:
@@ -203,14 +307,9 @@ def _ask(cfg: DictConfig) -> dict:
     now = _opt(cfg, "now")
     budget = _opt(cfg, "budget")
     if budget is not None:
-        try:
-            budget = int(budget)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"option budget must be an integer number of tokens, got {budget!r}") from e
-        if budget <= 0:
-            raise ValueError(f"option budget must be positive, got {budget}")
+        budget = parse_int(budget, "budget (the read budget in tokens)", minimum=1)
     path = _memory_path(cfg, must_exist=True)
-    mem = _open(cfg, path, str(cfg.conversation_id))
+    mem = _open(cfg, path, _conversation(cfg))
     try:
         loc, ctx = mem.read(str(question), now=None if now is None else str(now), budget=budget)
     finally:
@@ -235,13 +334,14 @@ def _show(cfg: DictConfig) -> dict:
     from .render import root_summaries
 
     path = _memory_path(cfg, must_exist=True)
-    conv = str(cfg.conversation_id)
+    conv = _conversation(cfg)
     mem = _open(cfg, path, conv)
     try:
-        counts = mem.stats()
-        roots = root_summaries(mem.nodes())
-        others = [r[0] for r in mem.store.db.execute(
-            "SELECT DISTINCT conversation_id FROM nodes WHERE conversation_id != ? ORDER BY 1", (conv,))]
+        with mem.store.snapshot():  # one committed state, while a writer may be ingesting
+            counts = mem.stats()
+            roots = root_summaries(mem.nodes())
+            others = [r[0] for r in mem.store.db.execute(
+                "SELECT DISTINCT conversation_id FROM nodes WHERE conversation_id != ? ORDER BY 1", (conv,))]
     finally:
         mem.close()
     print(f"memory {path} conversation {conv!r}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
@@ -260,9 +360,10 @@ def _export(cfg: DictConfig) -> dict:
 
     out = _out_path(cfg, "export", (".json",))
     path = _memory_path(cfg, must_exist=True)
-    mem = _open(cfg, path, str(cfg.conversation_id))
+    mem = _open(cfg, path, _conversation(cfg))
     try:
-        data = forest_json(mem)
+        with mem.store.snapshot():
+            data = forest_json(mem)
     finally:
         mem.close()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -277,7 +378,7 @@ def _render(cfg: DictConfig) -> dict:
     out = _out_path(cfg, "render", RENDER_SUFFIXES)
     hq = _opt(cfg, "highlight_question")
     path = _memory_path(cfg, must_exist=True)
-    mem = _open(cfg, path, str(cfg.conversation_id))
+    mem = _open(cfg, path, _conversation(cfg))
     highlight: list[int] = []
     try:
         title = None
@@ -303,17 +404,14 @@ def run(cfg: DictConfig) -> dict:
     command = _opt(cfg, "command")
     if not isinstance(command, str) or command not in HANDLERS:
         got = "not set" if command is None else f"{command!r} is unknown"
-        raise ValueError(f"option command: {got}; valid values: {', '.join(COMMANDS)}")
+        raise ConfigError(f"option command: {got}; valid values: {', '.join(COMMANDS)}")
     return HANDLERS[command](cfg)
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="runtime_cli", version_base="1.3")
+@entry_point
 def main(cfg: DictConfig) -> None:
-    try:
-        run(cfg)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run(cfg)
 
 
 if __name__ == "__main__":

@@ -64,8 +64,10 @@ _STATE_SET = re.compile(
     r"\b(?i:set|change|changed|move|moved|update|updated|bump|bumped|raise|raised|lower|lowered|switch|switched|"
     r"increase|increased|reduce|reduced|push|pushed)\s+(?:the |" + _SUBJ + r" )?" + _KEY
     + r"(?: for (?P<subj2>[A-Z][a-z]+))?(?: from (?P<old>[^.;!?\n]+?))? to\s+" + _VAL + _END)
+# \b first: a match starts at a word start only, so a long run of letters is scanned once, not once
+# per position (without it one 100k-character token took 11 s: the optional `[a-z]+ ` rescanned it)
 _ARTIFACT = re.compile(
-    r"(?P<subj>(?:[A-Z][a-z]+)(?:'s|’s) |[Mm]y |[Oo]ur |[Tt]he )?(?P<name>(?:[a-z]+ )?(?:itinerary|agenda|playlist|"
+    r"\b(?P<subj>(?:[A-Z][a-z]+)(?:'s|’s) |[Mm]y |[Oo]ur |[Tt]he )?(?P<name>(?:[a-z]+ )?(?:itinerary|agenda|playlist|"
     r"schedule|list|lineup|route|steps|menu|setlist|order of stops|running order|program|programme|checklist|"
     r"shortlist|stops))(?: for (?P<subj2>[A-Z][a-z]+|the [a-z]+(?: [a-z]+)?))?(?: is| goes| will be| is now)?\s*:\s*"
     r"(?P<items>[^\n]+?)(?:\.\s|\.$|$)")

@@ -11,7 +11,9 @@ exact-k queries, and O(log n) search; faiss-cpu would also do, at ~10x the insta
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -73,7 +75,7 @@ class VectorIndex:
         if self.path is None or self.index is None or (self._unsaved == 0 and self.path.exists()):
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")  # one per process: no shared half-file
         self.index.save_index(str(tmp))
         tmp.replace(self.path)
         self._unsaved = 0
@@ -101,7 +103,13 @@ class VectorIndex:
 
 
 def index_path(db_path: str, conversation_id: str) -> Path | None:
+    """`<db>.hnsw/<readable prefix>-<sha256 of the exact id>.bin`: one file per conversation id.
+
+    The hash keeps ids apart that the readable prefix (and a case-insensitive file system) would merge:
+    `a-b`, `a_b`, `a/b`, `A-b`, NFC and NFD spellings all get their own file.
+    """
     if db_path == ":memory:":
         return None
-    safe = re.sub(r"[^0-9A-Za-z_.-]", "_", conversation_id)
-    return Path(db_path + ".hnsw") / f"{safe}.bin"
+    safe = re.sub(r"[^0-9A-Za-z_-]", "_", conversation_id)[:40]
+    digest = hashlib.sha256(conversation_id.encode("utf-8")).hexdigest()[:20]
+    return Path(db_path + ".hnsw") / f"{safe}-{digest}.bin"

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ConfigError
 from .context import Block, BudgetPacker, Context, TokenCounter, question_intents, ts_prefix
 from .embed import build_embedder
 from .extract import Extraction, ExtractorSet, TurnInput
@@ -73,7 +74,7 @@ class ArborMemory:
                 store.set_meta("embedding_dim", str(self.embedder.dim))
                 store.set_meta("embedder", self.embedder.name)
         elif int(stored_dim) != self.embedder.dim or stored_name != self.embedder.name:
-            raise ValueError(
+            raise ConfigError(
                 f"{store.path}: memory was built with embedder {stored_name!r} (dim {stored_dim}); runtime option "
                 f"embedder is {self.embedder.name!r} (dim {self.embedder.dim}). Use the same embedder or a new file.")
         ix = cfg["index"]
@@ -208,16 +209,25 @@ class ArborMemory:
         return bool(ents & known) or not (ents - known)
 
     # ------------------------------------------------------------------ commit
-    def step(self, user_text: str, assistant_text: str, timestamp: str | None = None) -> tuple[Node, Localization]:
+    def step(self, user_text: str, assistant_text: str, timestamp: str | None = None,
+             turn_key: str | None = None) -> tuple[Node, Localization]:
+        self.lock_for_writing()
         loc = self.localize(user_text)
-        return self.commit(user_text, assistant_text, loc, timestamp), loc
+        return self.commit(user_text, assistant_text, loc, timestamp, turn_key=turn_key), loc
+
+    def lock_for_writing(self) -> None:
+        """Become this memory file's single writer (waits up to store.lock_timeout_s; MemoryBusy after)."""
+        self.store.lock_for_writing(float(self.cfg["store"].get("lock_timeout_s", 0.0)))
 
     def commit(self, user_text: str, assistant_text: str, loc: Localization, timestamp: str | None = None,
-               extraction: Extraction | None = None) -> Node:
+               extraction: Extraction | None = None, turn_key: str | None = None) -> Node:
         """Attach the completed interaction below loc.parent_id (or as a new root) and write evidence.
 
-        Model calls (extraction, embedding) run first; the writes are one transaction.
+        Model calls (extraction, embedding) run first; the writes are one transaction. The first commit
+        takes the file's writer lock. turn_key (optional) records the source turn's identity, unique per
+        conversation: `ingest` uses it to skip turns already stored.
         """
+        self.lock_for_writing()
         t0 = time.perf_counter()
         turn = TurnInput(user_text, assistant_text, timestamp)
         if extraction is None:
@@ -232,14 +242,15 @@ class ArborMemory:
             if not f.get("tags"):
                 f["tags"] = next(tag_iter)
         with self.store.transaction():
-            node = self._write(turn, loc, extraction, emb)
+            node = self._write(turn, loc, extraction, emb, turn_key)
         self.index.add([node.id], emb.reshape(1, -1))
         self._last_query_embedding = None
         self.timings.extract_s.append(t1 - t0)
         self.timings.commit_s.append(time.perf_counter() - t1)
         return node
 
-    def _write(self, turn: TurnInput, loc: Localization, ex: Extraction, emb: np.ndarray) -> Node:
+    def _write(self, turn: TurnInput, loc: Localization, ex: Extraction, emb: np.ndarray,
+               turn_key: str | None = None) -> Node:
         st, conv = self.store, self.conv
         seq = st.next_seq(conv)
         parent = st.get_node(loc.parent_id) if loc.parent_id is not None else None
@@ -257,7 +268,7 @@ class ArborMemory:
                     depth=parent.depth + 1 if parent else 0, user_text=turn.user_text,
                     assistant_text=turn.assistant_text, node_summary=ex.summary, path_summary=path_summary,
                     topic_key=topic, entities=ents, keywords=ex.keywords, embedding=emb)
-        st.insert_node(node)
+        st.insert_node(node, turn_key)
         self._update_anchor(node, parent)
         ts = turn.timestamp
         # facts are always written: the atomic-fact ablation removes their retrieval, not their extraction
@@ -320,8 +331,10 @@ class ArborMemory:
 
     # ------------------------------------------------------------------ read
     def read(self, question: str, now: str | None = None, budget: int | None = None) -> tuple[Localization, Context]:
-        loc = self.localize(question, for_question=True)
-        return loc, self.assemble(question, loc, now=now, budget=budget)
+        """Localize and assemble from one committed state (a writer in another process may be committing)."""
+        with self.store.snapshot():
+            loc = self.localize(question, for_question=True)
+            return loc, self.assemble(question, loc, now=now, budget=budget)
 
     def assemble(self, question: str, loc: Localization, now: str | None = None, budget: int | None = None) -> Context:
         t0 = time.perf_counter()
@@ -336,7 +349,7 @@ class ArborMemory:
         header = f"Current time: {now}" if now else "Current time: unknown"
         fixed = self.counter.count(header) + self.counter.count(question)
         if budget <= fixed:
-            raise ValueError(f"read budget {budget} tokens is smaller than the fixed prompt ({fixed} tokens)")
+            raise ConfigError(f"read budget {budget} tokens is smaller than the fixed prompt ({fixed} tokens)")
         packer = BudgetPacker(self.counter, budget - fixed)
         intents = question_intents(question)
         q_stems = stems(question)
@@ -490,6 +503,29 @@ class ArborMemory:
 
     def stats(self) -> dict[str, Any]:
         return self.store.counts(self.conv)
+
+
+TURN_KEY_SEED = "arbormem-turn-v1"
+
+
+def turn_keys(turns: list[dict]) -> list[str]:
+    """The identity of each turn of a transcript: a SHA-256 chained over the turns up to it.
+
+    Key i depends on turns 1..i (user, assistant, timestamp), so a repeated "ok" turn keeps its own
+    identity, a rerun of the same file (or of the file grown by new turns) matches the stored prefix,
+    and a file with different earlier turns never matches.
+    """
+    import hashlib
+
+    prev = hashlib.sha256(TURN_KEY_SEED.encode()).hexdigest()
+    out = []
+    for t in turns:
+        h = hashlib.sha256(prev.encode())
+        for part in (t["user"], t["assistant"], t.get("timestamp") or ""):
+            h.update(b"\x00" + part.encode("utf-8"))
+        prev = h.hexdigest()
+        out.append(prev)
+    return out
 
 
 def slot_subject(slot: dict) -> str:

@@ -22,6 +22,21 @@ from .text import entities as find_entities
 from .text import stems
 
 
+def encode_pairs(tokenizer, queries: list[str], docs: list[str], max_length: int, **kwargs):
+    """Tokenize (query, document) pairs for a cross-encoder, in training and at run time alike.
+
+    The document is cut (`only_second`) while the queries leave it room; when a query alone fills the
+    pair budget (a real user turn of 300 words against a 64-token pair) `longest_first` trims both
+    sides instead of failing with "Sequence to truncate too short to respect the provided max_length".
+    The decision counts tokens, not characters.
+    """
+    specials = tokenizer.num_special_tokens_to_add(pair=True)
+    longest = max((len(q) for q in tokenizer(list(dict.fromkeys(queries)), add_special_tokens=False)["input_ids"]),
+                  default=0)
+    strategy = "only_second" if longest + specials < max_length else "longest_first"
+    return tokenizer(queries, docs, truncation=strategy, max_length=max_length, **kwargs)
+
+
 class Reranker(Protocol):
     name: str
 
@@ -102,9 +117,8 @@ class CrossEncoderReranker:
 
         if not candidates:
             return []
-        enc = self.tokenizer([query] * len(candidates), [c.document() for c in candidates], padding=True,
-                             truncation="only_second" if len(query) < 400 else True,
-                             max_length=self.max_length, return_tensors="pt")
+        enc = encode_pairs(self.tokenizer, [query] * len(candidates), [c.document() for c in candidates],
+                           self.max_length, padding=True, return_tensors="pt")
         enc = {k: v.to(next(self.model.parameters()).device) if hasattr(self.model, "parameters") else v
                for k, v in enc.items()}
         with torch.inference_mode():

@@ -4,25 +4,41 @@ SQLite is the single source of truth: one memory commit is one transaction, so a
 the middle of a commit leaves the database exactly as it was before that commit. The vector index
 (index.py) is derived from the embeddings stored here and caught up on open.
 
+Guarantees (tests/test_runtime_reliability.py shows each):
+- atomic commit: a turn is stored whole or not at all (one `BEGIN IMMEDIATE` transaction);
+- single writer: `lock_for_writing` takes an exclusive `flock` on `<file>.lock`; a second writer waits
+  up to its timeout and is then refused with a message naming the holder's pid;
+- isolated conversations: every row carries its conversation id, and the FTS5 token and the HNSW file
+  name derived from the id are injective (`conv_token`, `index.index_path`);
+- consistent reads: `snapshot()` reads one committed state (WAL snapshot), never a half-commit;
+- resumable ingest: a node can carry its turn's identity (`turn_key`, unique per conversation), so
+  replaying a file skips the turns already stored;
+- `check()` lists every broken invariant (SQLite and FTS5 integrity, forest links, provenance).
+
 Keyword/entity recall uses SQLite's built-in FTS5 (BM25 ranking, Porter stemming), which lives inside
 the same transaction as the node it indexes: no second store to keep consistent.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
+import os
 import re
 import sqlite3
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
+from ..errors import InputError, UserError
 from .schema import AtomicFact, Artifact, Event, Node, StateRecord
 from .text import STOPWORDS, content_words
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # v2: injective conversation tokens in the FTS tables, nodes.turn_key
 
 DDL = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -31,7 +47,7 @@ CREATE TABLE IF NOT EXISTS nodes(
   parent_id INTEGER REFERENCES nodes(id), root_id INTEGER NOT NULL, depth INTEGER NOT NULL,
   user_text TEXT NOT NULL, assistant_text TEXT NOT NULL, node_summary TEXT NOT NULL,
   path_summary TEXT NOT NULL, topic_key TEXT NOT NULL, entities TEXT NOT NULL, keywords TEXT NOT NULL,
-  embedding BLOB, UNIQUE(conversation_id, seq));
+  embedding BLOB, turn_key TEXT, UNIQUE(conversation_id, seq));
 CREATE INDEX IF NOT EXISTS nodes_root ON nodes(root_id, seq);
 CREATE INDEX IF NOT EXISTS nodes_parent ON nodes(parent_id);
 CREATE VIRTUAL TABLE IF NOT EXISTS node_fts USING fts5(conv, lex, tokenize='porter unicode61');
@@ -65,6 +81,17 @@ CREATE VIRTUAL TABLE IF NOT EXISTS record_fts USING fts5(conv, lex, tokenize='po
 CREATE VIRTUAL TABLE IF NOT EXISTS artifact_fts USING fts5(conv, lex, tokenize='porter unicode61');
 CREATE VIRTUAL TABLE IF NOT EXISTS event_fts USING fts5(conv, lex, tokenize='porter unicode61');
 """
+# created after a v1 file gained the column (CREATE TABLE IF NOT EXISTS does not add it)
+TURN_KEY_INDEX = ("CREATE UNIQUE INDEX IF NOT EXISTS nodes_turn ON nodes(conversation_id, turn_key) "
+                  "WHERE turn_key IS NOT NULL")
+# FTS5 table -> the table whose row ids it shares (root_fts rows are root nodes)
+FTS_TABLES = {"node_fts": "nodes", "root_fts": "nodes", "fact_fts": "facts", "record_fts": "records",
+              "artifact_fts": "artifacts", "event_fts": "events"}
+DATA_TABLES = ("meta", "nodes", "forked_roots", "facts", "records", "artifacts", "events")
+
+
+class MemoryBusy(UserError):
+    """Another process holds the memory file's writer lock."""
 
 _NODE_COLS = ("id, conversation_id, seq, ts, parent_id, root_id, depth, user_text, assistant_text, "
               "node_summary, path_summary, topic_key, entities, keywords, embedding")
@@ -85,7 +112,16 @@ def fts_query(text: str, max_terms: int = 16) -> str | None:
 
 
 def conv_token(conversation_id: str) -> str:
-    return '"c' + re.sub(r"[^0-9A-Za-z]", "_", conversation_id) + '"'
+    """The FTS5 phrase that selects one conversation's rows: "c" + the hex of the id's UTF-8 bytes.
+
+    Injective (ids that differ in punctuation, case or Unicode normalisation get different tokens) and
+    a single unicode61 token (hex digits only), so `conv:<token>` matches exactly one conversation.
+    """
+    return '"c' + conversation_id.encode("utf-8").hex() + '"'
+
+
+def _v1_conv_token(conversation_id: str) -> str:
+    return "c" + re.sub(r"[^0-9A-Za-z]", "_", conversation_id)
 
 
 class Store:
@@ -93,20 +129,98 @@ class Store:
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        if self.path != ":memory:" and Path(self.path).is_dir():
+            raise InputError(f"memory={self.path!r} is a folder; pass the memory's SQLite file")
         self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA busy_timeout=30000")  # wait out another connection's short write locks
+        try:
+            self.db.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.DatabaseError as e:
+            self.db.close()
+            raise InputError(f"memory={self.path!r} is not an ArborMem memory (SQLite says: {e})") from None
         self.db.execute(f"PRAGMA synchronous={synchronous}")
         self.db.execute("PRAGMA foreign_keys=ON")
-        self.db.executescript(DDL)
-        row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        if row is None:
-            self.db.execute("INSERT INTO meta VALUES('schema_version', ?)", (str(SCHEMA_VERSION),))
-        elif int(row[0]) != SCHEMA_VERSION:
-            raise RuntimeError(f"{self.path}: memory schema v{row[0]}, this runtime reads v{SCHEMA_VERSION}")
         self._in_tx = False
+        self._lock_fd: int | None = None
+        try:
+            row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        except sqlite3.OperationalError:  # a new file
+            row = None
+        if row is None or row[0] != str(SCHEMA_VERSION):
+            self._create_or_migrate()
+
+    def _create_or_migrate(self) -> None:
+        with self.transaction():
+            for stmt in DDL.split(";"):  # not executescript: it would commit this transaction first
+                if stmt.strip():
+                    self.db.execute(stmt)
+            row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            if row is None:
+                self.db.execute("INSERT INTO meta VALUES('schema_version', ?)", (str(SCHEMA_VERSION),))
+            elif int(row[0]) == 1:
+                self._migrate_v1()
+            elif int(row[0]) != SCHEMA_VERSION:
+                raise InputError(f"{self.path}: memory schema v{row[0]}; this runtime reads v1 and v{SCHEMA_VERSION}")
+            self.db.execute(TURN_KEY_INDEX)
+
+    def _migrate_v1(self) -> None:
+        """v1 -> v2 in one transaction: re-token the FTS rows injectively, add nodes.turn_key.
+
+        A v1 file whose ids collided (`a-b` and `a_b`) shared FTS rows under one token; the rows carry
+        their own conversation id in the base tables, so re-tokening separates them again.
+        """
+        cols = [r[1] for r in self.db.execute("PRAGMA table_info(nodes)")]
+        if "turn_key" not in cols:
+            self.db.execute("ALTER TABLE nodes ADD COLUMN turn_key TEXT")
+        for fts, base in FTS_TABLES.items():
+            for (conv,) in self.db.execute(f"SELECT DISTINCT conversation_id FROM {base}").fetchall():
+                self.db.execute(f"UPDATE {fts} SET conv=? WHERE rowid IN (SELECT id FROM {base} WHERE "
+                                "conversation_id=?)", (conv_token(conv).strip('"'), conv))
+        self.db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
 
     def close(self) -> None:
         self.db.close()
+        self.release_writer()
+
+    # ------------------------------------------------------------------ single writer
+    @property
+    def lock_path(self) -> str | None:
+        return None if self.path == ":memory:" else self.path + ".lock"
+
+    def lock_for_writing(self, timeout_s: float = 0.0) -> None:
+        """Take the memory file's writer lock (exclusive flock on `<file>.lock`), waiting up to timeout_s.
+
+        Raises MemoryBusy naming the holder when another process keeps it. The lock goes with the process
+        (a killed writer releases it), and is held until close().
+        """
+        if self._lock_fd is not None or self.lock_path is None:
+            return
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + max(0.0, float(timeout_s))
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+                    os.close(fd)
+                    raise MemoryBusy(
+                        f"memory {self.path} is being written by another process (pid {holder}); waited "
+                        f"{timeout_s:g} s. Wait for it to finish, or raise store.lock_timeout_s") from None
+                time.sleep(0.05)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._lock_fd = fd
+
+    def release_writer(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor drops the flock
+            self._lock_fd = None
+
+    @property
+    def is_writer(self) -> bool:
+        return self._lock_fd is not None
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
@@ -123,6 +237,89 @@ class Store:
             raise
         finally:
             self._in_tx = False
+
+    @contextmanager
+    def snapshot(self) -> Iterator[sqlite3.Connection]:
+        """Read one committed state: every query inside sees the same commit (a WAL read transaction)."""
+        if self._in_tx:
+            yield self.db
+            return
+        self.db.execute("BEGIN DEFERRED")
+        self._in_tx = True
+        try:
+            self.db.execute("SELECT 1 FROM meta LIMIT 1").fetchall()  # start the read snapshot now
+            yield self.db
+        finally:
+            self._in_tx = False
+            self.db.execute("COMMIT")
+
+    # ------------------------------------------------------------------ checks
+    def content_hash(self) -> str:
+        """SHA-256 over every stored row (base tables and FTS contents), in key order."""
+        h = hashlib.sha256()
+        with self.snapshot():
+            for table in DATA_TABLES + tuple(FTS_TABLES):
+                order = "key" if table == "meta" else ("rowid" if table.endswith("_fts") else "1")
+                sel = f"SELECT rowid, * FROM {table}" if table.endswith("_fts") else f"SELECT * FROM {table}"
+                h.update(table.encode())
+                for row in self.db.execute(f"{sel} ORDER BY {order}"):
+                    h.update(repr(row).encode("utf-8", "backslashreplace"))
+        return h.hexdigest()
+
+    def check(self) -> list[str]:
+        """Every broken invariant of the file, as messages (empty: consistent).
+
+        SQLite page integrity, FTS5 index integrity, one FTS row per indexed row with its conversation's
+        token, forest links (parent in the same conversation, root and depth follow the parent, seq
+        0..n-1 per conversation) and provenance (every source is a node of the same conversation).
+        """
+        bad: list[str] = []
+        with self.snapshot():
+            ok = self.db.execute("PRAGMA integrity_check").fetchone()[0]
+            if ok != "ok":
+                bad.append(f"sqlite integrity_check: {ok}")
+            for fts, base in FTS_TABLES.items():
+                try:
+                    self.db.execute(f"INSERT INTO {fts}({fts}) VALUES('integrity-check')")
+                except sqlite3.DatabaseError as e:
+                    bad.append(f"{fts}: {e}")
+                where = " WHERE parent_id IS NULL" if fts == "root_fts" else ""
+                want = {int(i): conv_token(c).strip('"') for i, c in
+                        self.db.execute(f"SELECT id, conversation_id FROM {base}{where}")}
+                have = {int(i): c for i, c in self.db.execute(f"SELECT rowid, conv FROM {fts}")}
+                if fts == "root_fts":  # a root gets its anchor in the same commit as its node
+                    missing = set(want) - set(have)
+                else:
+                    missing = set(want) ^ set(have)
+                if missing:
+                    bad.append(f"{fts}: rows {sorted(missing)[:5]} without a counterpart in {base}")
+                wrong = [i for i in set(want) & set(have) if want[i] != have[i]]
+                if wrong:
+                    bad.append(f"{fts}: rows {sorted(wrong)[:5]} carry another conversation's token")
+            nodes = {int(r[0]): r for r in self.db.execute(
+                "SELECT id, conversation_id, seq, parent_id, root_id, depth FROM nodes")}
+            seqs: dict[str, list[int]] = {}
+            for nid, (_, conv, seq, parent, root, depth) in nodes.items():
+                seqs.setdefault(conv, []).append(int(seq))
+                if parent is None:
+                    if root != nid or depth != 0:
+                        bad.append(f"node {nid}: a root must have root_id=id and depth 0")
+                    continue
+                p = nodes.get(int(parent))
+                if p is None or p[1] != conv:
+                    bad.append(f"node {nid}: parent {parent} is not a node of conversation {conv!r}")
+                elif root != p[4] or depth != p[5] + 1 or seq <= p[2]:
+                    bad.append(f"node {nid}: root/depth/seq do not follow parent {parent}")
+            for conv, ss in seqs.items():
+                if sorted(ss) != list(range(len(ss))):
+                    bad.append(f"conversation {conv!r}: node seqs are not 0..{len(ss) - 1}")
+            for table in ("facts", "records", "artifacts", "events"):
+                for rid, conv, sources in self.db.execute(f"SELECT id, conversation_id, sources FROM {table}"):
+                    for src in json.loads(sources):
+                        n = nodes.get(int(src))
+                        if n is None or n[1] != conv:
+                            bad.append(f"{table} row {rid}: source {src} is not a node of conversation {conv!r}")
+        return bad
 
     # ------------------------------------------------------------------ meta
     def get_meta(self, key: str) -> str | None:
@@ -146,14 +343,16 @@ class Store:
         row = self.db.execute("SELECT COALESCE(MAX(seq) + 1, 0) FROM nodes WHERE conversation_id=?", (conv,)).fetchone()
         return int(row[0])
 
-    def insert_node(self, n: Node) -> int:
-        """Insert a node; id and root_id are assigned when n.id < 0 (root_id=-1 means "itself")."""
+    def insert_node(self, n: Node, turn_key: str | None = None) -> int:
+        """Insert a node; id and root_id are assigned when n.id < 0 (root_id=-1 means "itself").
+
+        turn_key: the identity of the source turn (unique per conversation; see `turn_keys`)."""
         emb = n.embedding.astype(np.float32).tobytes() if n.embedding is not None else None
         cur = self.db.execute(
-            f"INSERT INTO nodes({_NODE_COLS}) VALUES(NULL,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            f"INSERT INTO nodes({_NODE_COLS}, turn_key) VALUES(NULL,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (n.conversation_id, n.seq, n.timestamp, n.parent_id, n.root_id, n.depth, n.user_text,
              n.assistant_text, n.node_summary, n.path_summary, n.topic_key, json.dumps(n.entities),
-             json.dumps(n.keywords), emb),
+             json.dumps(n.keywords), emb, turn_key),
         )
         nid = int(cur.lastrowid)
         if n.parent_id is not None and self.db.execute(
@@ -167,6 +366,11 @@ class Store:
         self.db.execute("INSERT INTO node_fts(rowid, conv, lex) VALUES(?,?,?)",
                         (nid, conv_token(n.conversation_id).strip('"'), lex))
         return nid
+
+    def turn_keys(self, conv: str) -> set[str]:
+        """Identities of the turns stored for a conversation (nodes committed with a turn_key)."""
+        return {r[0] for r in self.db.execute(
+            "SELECT turn_key FROM nodes WHERE conversation_id=? AND turn_key IS NOT NULL", (conv,))}
 
     def set_root_topic(self, conv: str, root_id: int, topic: str) -> None:
         self.db.execute("DELETE FROM root_fts WHERE rowid=?", (root_id,))
