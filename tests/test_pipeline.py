@@ -39,6 +39,7 @@ def test_plan_names_every_stage_with_absolute_paths(tmp_path):
     assert set(tuned.deps) >= {"export_reranker", "export_tagger", "export_extractor"}
 
 
+@pytest.mark.slow  # the whole loop on tiny models: 5-6 minutes on 2 cores
 def test_pipeline_runs_then_skips_then_reruns_only_downstream(tmp_path):
     out = tmp_path / "p"
     first = run_pipeline(pcfg(out))
