@@ -54,9 +54,12 @@ def plots(rows: list[dict], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     written = []
-    metric = "accuracy" if all(r.get("accuracy") is not None for r in rows) else "gold_in_context"
+    # the budget curve plots the first metric every row has: BranchMemEval accuracy or gold in context,
+    # LoCoMo F1 or evidence recall, LongMemEval / BEAM recall
+    candidates = ("accuracy", "gold_in_context", "f1", "evidence_recall", "session_recall_any", "judge_accuracy")
+    metric = next((m for m in candidates if all(isinstance(r.get(m), (int, float)) for r in rows)), None)
     by_method: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    for r in rows:
+    for r in rows if metric is not None else []:
         if r.get("ablation", "full") == "full":
             label = r["method"] if r.get("runtime_profile", "default") == "default" or r["method"] != "arbormem" \
                 else f"arbormem ({r['runtime_profile']})"
@@ -82,7 +85,7 @@ def plots(rows: list[dict], out: Path) -> list[Path]:
     by_abl = {r.get("ablation"): r for r in rows if r["method"] == "arbormem" and r["budget"] == budget
               and r.get("runtime_profile", "default") == (removed[0].get("runtime_profile", "default") if removed else None)}
     abl = sorted(by_abl.values(), key=lambda r: (r.get("ablation") != "full", r.get("ablation")))
-    if len(abl) > 1:
+    if len(abl) > 1 and metric is not None:
         fig, ax = plt.subplots(figsize=(7, 4))
         names = [r.get("ablation") for r in abl]
         ax.bar(names, [r[metric] for r in abl], color=["#2b6cb0" if n == "full" else "#a0aec0" for n in names])

@@ -352,3 +352,15 @@ def test_locomo_f1_and_optional_judge_with_an_answer_model(smoke_data, tmp_path,
     f1s = [locomo_f1("not mentioned", a) for a in refs]
     assert [q["score"] for q in qs] == pytest.approx(f1s)
     assert res["f1"] == pytest.approx(sum(f1s) / 70) and res["f1"] < 0.2
+
+
+def test_plots_take_the_metric_a_benchmark_reports(tmp_path):
+    """A LoCoMo run (evidence recall, no gold_in_context) ended in KeyError when W&B logging drew its plots."""
+    from eval.report import plots
+
+    rows = [{"benchmark": "locomo", "method": m, "ablation": "full", "budget": b, "runtime_profile": "default",
+             "evidence_recall": r} for m, b, r in [("bm25", 1024, 0.7), ("bm25", 2048, 0.76), ("arbormem", 1024, 0.3),
+                                                     ("arbormem", 2048, 0.37)]]
+    written = plots(rows, tmp_path)
+    assert [p.name for p in written] == ["budget_curve.png"]
+    assert plots([{"benchmark": "x", "method": "bm25", "budget": 1, "ablation": "full"}], tmp_path) == []
