@@ -295,9 +295,26 @@ def content_of_one_ingest(tmp_path: Path, conversation: dict, name: str = "ref")
 
 
 # ---------------------------------------------------------------------- kills at random points
-def _child_ingest(conv_file: str, mem: str, *overrides: str) -> None:
+def _child_ingest(conv_file: str, mem: str, overrides: tuple = (), conn=None) -> None:
+    """A forked ingest. It reports each commit on `conn`, so the parent can kill it at a chosen point."""
+    import threading
+
+    from tqdm import tqdm
+
+    # tqdm's default lock is a multiprocessing semaphore inherited across fork: a child killed while
+    # holding it would leave the parent waiting on it forever. This child gets a lock of its own.
+    tqdm.set_lock(threading.RLock())
     sys.stdout = open(os.devnull, "w")
     sys.stderr = open(os.devnull, "w")
+    if conn is not None:
+        commit = ArborMemory.commit
+
+        def reporting_commit(self, *args, **kwargs):
+            node = commit(self, *args, **kwargs)
+            conn.send(node.id)
+            return node
+
+        ArborMemory.commit = reporting_commit
     try:
         ingest(Path(conv_file), Path(mem), *overrides)
     finally:
@@ -321,16 +338,6 @@ def kill_trials(tmp_path: Path, want: int, max_trials: int, seed: int) -> dict:
     conv = write_json(tmp_path / "long.json", conversation)
     n = len(conversation["turns"])
     reference = content_of_one_ingest(tmp_path, conversation, "long_ref")
-    t0 = time.perf_counter()  # how long a forked child takes for the whole ingest, start-up included
-    p = FORK.Process(target=_child_ingest, args=(str(conv), str(tmp_path / "timing.sqlite")))
-    p.start()
-    p.join()
-    full = time.perf_counter() - t0
-    t0 = time.perf_counter()  # and for start-up alone (every turn already stored: it skips them all)
-    p = FORK.Process(target=_child_ingest, args=(str(conv), str(tmp_path / "timing.sqlite")))
-    p.start()
-    p.join()
-    startup = min(time.perf_counter() - t0, full)
     rng = random.Random(seed)
     stats = {"trials": 0, "kills": 0, "mid_ingest": 0, "resumes": 0, "files": 0}
     mem = tmp_path / "killed_0.sqlite"
@@ -342,15 +349,24 @@ def kill_trials(tmp_path: Path, want: int, max_trials: int, seed: int) -> dict:
             stats["files"] += 1
         stats["trials"] += 1
         had = problems_free_count(mem)
-        p = FORK.Process(target=_child_ingest, args=(str(conv), str(mem)))
+        receiver, sender = FORK.Pipe(duplex=False)
+        p = FORK.Process(target=_child_ingest, args=(str(conv), str(mem), (), sender))
         p.start()
-        # a uniformly random point of what this child has left to do: start-up, then the turns not stored
-        time.sleep(rng.uniform(0.0, 1.0) * (startup + (full - startup) * (n - had) / n))
+        # kill after a random number of this child's commits, then a random few ms: inside the next
+        # commit, between two, or (no turns left) anywhere in its start-up
+        wait_for, seen, deadline = rng.randrange(max(1, n - had)), 0, time.monotonic() + 120
+        while seen < wait_for and p.is_alive() and time.monotonic() < deadline:
+            if receiver.poll(0.2):
+                receiver.recv()
+                seen += 1
+        time.sleep(rng.uniform(0.0, 0.004))
         killed = p.is_alive()
         if killed:
             os.kill(p.pid, signal.SIGKILL)
             stats["kills"] += 1
         p.join()
+        receiver.close()
+        sender.close()
         if mem.exists():
             assert problems(mem) == [], f"trial {trial}: memory inconsistent after a kill"
             k = problems_free_count(mem)
@@ -365,14 +381,14 @@ def kill_trials(tmp_path: Path, want: int, max_trials: int, seed: int) -> dict:
 
 
 def test_killed_ingests_reopen_consistent_and_resume_to_the_same_content(tmp_path):
-    stats = kill_trials(tmp_path, want=8, max_trials=60, seed=0)
+    stats = kill_trials(tmp_path, want=8, max_trials=30, seed=0)
     print(f"\nkill trials: {stats}")
     assert stats["mid_ingest"] >= 8, stats
 
 
 @pytest.mark.slow
 def test_killed_ingests_many_times(tmp_path):
-    stats = kill_trials(tmp_path, want=60, max_trials=400, seed=1)
+    stats = kill_trials(tmp_path, want=60, max_trials=200, seed=1)
     print(f"\nkill trials: {stats}")
     assert stats["mid_ingest"] >= 60, stats
 
@@ -396,7 +412,7 @@ def test_two_writers_on_one_conversation_end_as_one_ingest(tmp_path):
     conversation = long_conversation()
     conv = write_json(tmp_path / "long.json", conversation)
     mem = tmp_path / "m.sqlite"
-    procs = [FORK.Process(target=_child_ingest, args=(str(conv), str(mem), "runtime.store.lock_timeout_s=120"))
+    procs = [FORK.Process(target=_child_ingest, args=(str(conv), str(mem), ("runtime.store.lock_timeout_s=120",)))
              for _ in range(2)]
     for p in procs:
         p.start()
