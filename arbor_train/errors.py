@@ -50,6 +50,18 @@ _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
 
 
+def unencodable(value: str) -> UnicodeEncodeError | None:
+    """Why `value` cannot be stored as UTF-8 text (a lone UTF-16 surrogate, e.g. a JSON \\ud800 escape
+    without its pair), or None if it can. Callers word the error for their own file and field."""
+    if value.isascii():
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e
+    return None
+
+
 def parse_bool(value: Any, option: str) -> bool:
     """A boolean option read strictly: true/false (also yes/no, on/off, 1/0); anything else is refused."""
     if isinstance(value, bool):

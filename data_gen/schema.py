@@ -11,7 +11,7 @@ from typing import Any
 
 from datasets import Features, Sequence, Value
 
-from arbor_train.errors import InputError
+from arbor_train.errors import InputError, unencodable
 
 CANDIDATE = {
     "turn": Value("int32"),            # turn index of the candidate state in its session
@@ -106,11 +106,8 @@ def _check(value: Any, feat: Any, where: str) -> None:
         ok = {"string": str, "bool": bool, "int32": int, "int64": int, "float32": (int, float)}[feat.dtype]
         if not isinstance(value, ok) or (ok is not bool and isinstance(value, bool)):
             raise SchemaError(f"{where}: expected {feat.dtype}, got {type(value).__name__}")
-        if ok is str and not value.isascii():
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise SchemaError(f"{where}: not valid UTF-8 text ({e.reason} at character {e.start})") from e
+        if ok is str and (e := unencodable(value)) is not None:
+            raise SchemaError(f"{where}: not valid UTF-8 text ({e.reason} at character {e.start})")
 
 
 def validate_row(name: str, row: Any, where: str) -> None:

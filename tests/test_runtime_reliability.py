@@ -321,7 +321,7 @@ def _child_ingest(conv_file: str, mem: str, overrides: tuple = (), conn=None) ->
         os._exit(0)
 
 
-def problems_free_count(mem: Path) -> int:
+def stored_nodes(mem: Path) -> int:
     if not mem.exists():
         return 0
     s = Store(str(mem))
@@ -348,7 +348,7 @@ def kill_trials(tmp_path: Path, want: int, max_trials: int, seed: int) -> dict:
             mem = tmp_path / f"killed_{trial}.sqlite"
             stats["files"] += 1
         stats["trials"] += 1
-        had = problems_free_count(mem)
+        had = stored_nodes(mem)
         receiver, sender = FORK.Pipe(duplex=False)
         p = FORK.Process(target=_child_ingest, args=(str(conv), str(mem), (), sender))
         p.start()
@@ -369,7 +369,7 @@ def kill_trials(tmp_path: Path, want: int, max_trials: int, seed: int) -> dict:
         sender.close()
         if mem.exists():
             assert problems(mem) == [], f"trial {trial}: memory inconsistent after a kill"
-            k = problems_free_count(mem)
+            k = stored_nodes(mem)
             # the kill cut an ingest short: it had turns left to store and did not store them all
             stats["mid_ingest"] += killed and had < n and k < n
         if trial % 4 == 3 or stats["mid_ingest"] >= want or trial + 1 == max_trials:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from ..errors import InputError, unencodable
 from ..prompts import EXTRACT_INSTRUCTIONS, KNOWN_TEMPLATES
 
 FORMAT = "arbormem-bundle"
@@ -67,11 +67,8 @@ class BundleError(InputError):
 def _strings(mf: Path, value: Any, where: str = "") -> None:
     """Every string in the manifest (keys included) is valid UTF-8 text (no lone surrogates)."""
     if isinstance(value, str):
-        if not value.isascii():
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise BundleError(f"{mf}: field {where or 'manifest'!r} is not valid UTF-8 text ({e.reason})") from e
+        if (e := unencodable(value)) is not None:
+            raise BundleError(f"{mf}: field {where or 'manifest'!r} is not valid UTF-8 text ({e.reason})")
     elif isinstance(value, dict):
         for k, v in value.items():
             _strings(mf, k, where or "manifest")

@@ -27,7 +27,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from ..errors import ConfigError, InputError, entry_point, parse_bool, parse_int
+from ..errors import ConfigError, InputError, entry_point, parse_bool, parse_int, unencodable
 from ..paths import CONF_DIR
 
 COMMANDS = ("ingest", "ask", "show", "export", "render")
@@ -90,11 +90,9 @@ def check_text(value: Any, where: str, field: str, limit: int, empty_ok: bool = 
     """A text field the store can hold: a str, encodable as UTF-8 (no lone surrogates), no NUL, within limit."""
     if not isinstance(value, str):
         raise InputError(f"{where}: field {field!r} must be a string, got {json_type(value)}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:
+    if (e := unencodable(value)) is not None:
         raise InputError(f"{where}: field {field!r} holds {value[e.start]!r} at character {e.start}, which is not "
-                         "encodable text (a lone UTF-16 surrogate, e.g. a JSON \\ud800 escape without its pair)") from None
+                         "encodable text (a lone UTF-16 surrogate, e.g. a JSON \\ud800 escape without its pair)")
     if "\x00" in value:
         raise InputError(f"{where}: field {field!r} holds a NUL character at character {value.index(chr(0))}")
     if len(value) > limit:

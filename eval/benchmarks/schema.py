@@ -25,7 +25,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
-from arbor_train.errors import InputError
+from arbor_train.errors import InputError, unencodable
 
 
 class BenchmarkFormatError(InputError):
@@ -34,12 +34,9 @@ class BenchmarkFormatError(InputError):
 
 def utf8(value: str, where: str, field: str) -> str:
     """`value` unchanged if it encodes as UTF-8; a lone surrogate (JSON "\\ud800") is refused."""
-    if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise BenchmarkFormatError(f"{where}: field {field!r} is not valid UTF-8 text ({e.reason} at "
-                                       f"character {e.start})") from e
+    if (e := unencodable(value)) is not None:
+        raise BenchmarkFormatError(f"{where}: field {field!r} is not valid UTF-8 text ({e.reason} at "
+                                   f"character {e.start})")
     return value
 
 
