@@ -25,7 +25,7 @@ from arbor_train.runtime import ArborMemory
 from arbor_train.runtime.cli import load_conversation, run
 from arbor_train.runtime.index import index_path
 from arbor_train.runtime.memory import turn_keys
-from arbor_train.runtime.store import MemoryBusy, Store, conv_token
+from arbor_train.runtime.store import SCHEMA_VERSION, MemoryBusy, Store, conv_token
 from test_runtime_cli import CONVERSATION, make_cfg, write_json
 
 LOCOMO = REPO_ROOT.parent / "shared" / "data" / "locomo"
@@ -163,9 +163,7 @@ def test_a_v1_memory_is_migrated_and_its_colliding_ids_separated(tmp_path):
                                                             "assistant": "Noted."}]})
         ingest(conv, mem, f"conversation_id={cid}")
     # rewrite the file as v1 wrote it: the lossy token in every FTS table, no turn_key column
-    import sqlite3
-
-    db = sqlite3.connect(mem)
+    db = store_mod.sqlite3.connect(mem)
     for fts, base in store_mod.FTS_TABLES.items():
         for (cid,) in db.execute(f"SELECT DISTINCT conversation_id FROM {base}").fetchall():
             db.execute(f"UPDATE {fts} SET conv=? WHERE rowid IN (SELECT id FROM {base} WHERE conversation_id=?)",
@@ -176,7 +174,7 @@ def test_a_v1_memory_is_migrated_and_its_colliding_ids_separated(tmp_path):
     db.commit()
     db.close()
     s = Store(str(mem))
-    assert s.get_meta("schema_version") == "2" and s.check() == []
+    assert s.get_meta("schema_version") == str(SCHEMA_VERSION) and s.check() == []
     assert [s.get_node(n).conversation_id for n, _ in s.keyword_search("a-b", "trip", 5)] == ["a-b"]
     s.close()
 

@@ -5,6 +5,7 @@
     python -m arbor_train.runtime.cli command=show memory=outputs/mem.sqlite
     python -m arbor_train.runtime.cli command=export out=forest.json memory=outputs/mem.sqlite
     python -m arbor_train.runtime.cli command=render out=forest.png highlight_question='...' memory=...
+    python -m arbor_train.runtime.cli command=forget entity=Caroline dry_run=true memory=outputs/mem.sqlite
 
 Conversation files (ingest): JSON {"conversation_id"?: str, "turns": [{"user", "assistant", "timestamp"?}, ...]}
 or JSONL with one turn object per line. The whole file is validated before anything is written
@@ -30,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..errors import ConfigError, InputError, entry_point, parse_bool, parse_int, unencodable
 from ..paths import CONF_DIR
 
-COMMANDS = ("ingest", "ask", "show", "export", "render")
+COMMANDS = ("ingest", "ask", "show", "export", "render", "forget")
 PER_TURN_LINES_BELOW = 50  # ingest prints one line per turn below this many turns, else a summary
 TOP_CANDIDATES = 8
 
@@ -264,10 +265,13 @@ def _ingest(cfg: DictConfig) -> dict:
         raise
     routes: list[dict] = []
     known = store.turn_keys(conv)
-    todo = [(i, t, k) for i, (t, k) in enumerate(zip(turns, keys), 1) if k not in known]
+    forgotten = store.forgotten_turn_keys(conv)  # forgotten on request: a replay must not restore them
+    todo = [(i, t, k) for i, (t, k) in enumerate(zip(turns, keys), 1) if k not in known and k not in forgotten]
     skipped = len(turns) - len(todo)
     if skipped:
-        print(f"skipped {skipped} of {len(turns)} turns already in memory {path} (conversation {conv!r}); "
+        n_forgotten = sum(k in forgotten for k in keys)
+        why = f", {n_forgotten} of them forgotten on request" if n_forgotten else ""
+        print(f"skipped {skipped} of {len(turns)} turns already in memory {path} (conversation {conv!r}{why}); "
               f"{len(todo)} to ingest")
     verbose = len(todo) < PER_TURN_LINES_BELOW
     try:
@@ -394,7 +398,38 @@ def _render(cfg: DictConfig) -> dict:
     return {"out": written, "highlight": highlight}
 
 
-HANDLERS = {"ingest": _ingest, "ask": _ask, "show": _show, "export": _export, "render": _render}
+def _forget(cfg: DictConfig) -> dict:
+    from omegaconf import ListConfig
+
+    raw_nodes, branch, entity, question = (_opt(cfg, k) for k in ("nodes", "branch", "entity", "question"))
+    if raw_nodes is not None and not isinstance(raw_nodes, (list, ListConfig)):
+        raw_nodes = [raw_nodes]
+    nodes = None if raw_nodes is None else [parse_int(v, f"nodes[{i}] (a node id)", minimum=1)
+                                            for i, v in enumerate(raw_nodes)]
+    branch = None if branch is None else parse_int(branch, "branch (a node id)", minimum=1)
+    if entity is not None:
+        entity = check_text(str(entity), "option entity", "entity", DEFAULT_LIMITS["max_id_chars"], empty_ok=False)
+    if question is not None:
+        question = check_text(str(question), "option question", "question", DEFAULT_LIMITS["max_field_chars"],
+                              empty_ok=False)
+    if nodes is None and branch is None and entity is None and question is None:
+        raise ConfigError("command=forget needs what to forget: nodes=[ids], branch=ID, entity=NAME or "
+                          "question='...' (and dry_run=true to see the counts first)")
+    dry_run = parse_bool(_opt(cfg, "dry_run"), "dry_run")
+    path = _memory_path(cfg, must_exist=True)
+    mem = _open(cfg, path, _conversation(cfg))
+    try:
+        report = mem.forget(nodes=nodes, branch=branch, entity=entity, question=question, dry_run=dry_run)
+        counts = mem.stats()
+    finally:
+        mem.close()
+    print(report.summary())
+    print(f"memory {path} conversation {mem.conv!r}" + (" (unchanged: dry run): " if dry_run else ": ")
+          + ", ".join(f"{k}={v}" for k, v in counts.items()))
+    return {**report.to_json(), "memory": str(path), "counts_after": counts}
+
+
+HANDLERS = {"ingest": _ingest, "ask": _ask, "show": _show, "export": _export, "render": _render, "forget": _forget}
 
 
 def run(cfg: DictConfig) -> dict:

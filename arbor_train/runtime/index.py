@@ -5,6 +5,12 @@ close (and every `save_every` additions). On open it is loaded and caught up wit
 holds beyond it; an index that is missing, unreadable or ahead of the database (a crash between the
 SQLite commit and a save cannot cause that, but a copied or edited file could) is rebuilt.
 
+Forgetting: `remove` overwrites a node's vector with zeros, then marks its label deleted (hnswlib never
+returns a deleted label), so the saved file keeps no trace of the forgotten embedding. The labels are
+also listed in SQLite (`index_tombstones`, written in the forget's transaction), so a file saved before
+a crash is brought up to date on open. When deleted labels pass `compact_deleted_share` of the file,
+`remove` rebuilds the index from SQLite (graph quality and file size return to a fresh build's).
+
 Why hnswlib: a small, well-kept C++ library with Python wheels, incremental `add_items`, filtered and
 exact-k queries, and O(log n) search; faiss-cpu would also do, at ~10x the install size.
 """
@@ -27,11 +33,14 @@ log = logging.getLogger(__name__)
 
 class VectorIndex:
     def __init__(self, store: Store, conversation_id: str, dim: int, path: Path | None, ef_search: int = 64,
-                 M: int = 16, ef_construction: int = 100, save_every: int = 1000, initial_capacity: int = 1024):
+                 M: int = 16, ef_construction: int = 100, save_every: int = 1000, initial_capacity: int = 1024,
+                 compact_deleted_share: float = 0.25):
         self.store, self.conv, self.dim, self.path = store, conversation_id, dim, path
         self.ef_search, self.M, self.ef_construction, self.save_every = ef_search, M, ef_construction, save_every
         self.initial_capacity = initial_capacity
+        self.compact_deleted_share = compact_deleted_share
         self._unsaved = 0
+        self._deleted: set[int] = set()  # labels in the graph that are marked deleted
         self._open()
 
     # ------------------------------------------------------------------ lifecycle
@@ -55,9 +64,14 @@ class VectorIndex:
         ids = set(self.index.get_ids_list()) if self.index is not None else set()
         nodes = self.store.db.execute("SELECT id FROM nodes WHERE conversation_id=?", (self.conv,)).fetchall()
         db_ids = {int(r[0]) for r in nodes}
-        if self.index is not None and not ids <= db_ids:
+        gone = {int(r[0]) for r in self.store.db.execute(
+            "SELECT node_id FROM index_tombstones WHERE conversation_id=?", (self.conv,))} & ids
+        if self.index is not None and not (ids - gone) <= db_ids:
             log.warning("vector index %s holds nodes the database does not; rebuilding", self.path)
-            self.index, ids = None, set()
+            self.index, ids, gone = None, set(), set()
+        for label in sorted(gone):  # forgotten in SQLite; a file saved before the forget still holds them
+            self._scrub(label)
+        ids -= gone
         if self.index is None:
             self.index = self._new(max(self.initial_capacity, 2 * len(db_ids)))
         missing = sorted(db_ids - ids)
@@ -82,7 +96,50 @@ class VectorIndex:
 
     # ------------------------------------------------------------------ operations
     def __len__(self) -> int:
-        return self.index.get_current_count()
+        return self.index.get_current_count() - len(self._deleted)
+
+    def _scrub(self, label: int) -> None:
+        """Overwrite a label's vector with zeros and mark it deleted (idempotent)."""
+        try:
+            self.index.mark_deleted(label)
+        except RuntimeError:  # already deleted: it was scrubbed before it was marked
+            self._deleted.add(label)
+            return
+        self.index.unmark_deleted(label)
+        self.index.add_items(np.zeros((1, self.dim), dtype=np.float32), np.asarray([label], dtype=np.int64))
+        self.index.mark_deleted(label)
+        self._deleted.add(label)
+        self._unsaved += 1
+
+    def remove(self, labels: list[int]) -> dict:
+        """Forget these nodes' vectors (the caller has committed their tombstones); saves the file.
+
+        Returns what was done: labels scrubbed, and whether the index was rebuilt (compacted)."""
+        live = set(self.index.get_ids_list()) - self._deleted
+        hit = [int(l) for l in labels if int(l) in live]
+        for label in hit:
+            self._scrub(label)
+        total = self.index.get_current_count()
+        compacted = bool(total) and len(self._deleted) / total > self.compact_deleted_share
+        if compacted:
+            self.rebuild()
+        else:
+            self.save()
+        return {"vectors": len(hit), "compacted": compacted}
+
+    def rebuild(self) -> None:
+        """A fresh graph from the embeddings SQLite holds; the conversation's tombstones are cleared."""
+        rows = self.store.db.execute("SELECT id, embedding FROM nodes WHERE conversation_id=? AND embedding "
+                                     "IS NOT NULL ORDER BY id", (self.conv,)).fetchall()
+        self.index = self._new(max(self.initial_capacity, 2 * len(rows)))
+        self._deleted = set()
+        if rows:
+            vecs = np.stack([np.frombuffer(r[1], dtype=np.float32) for r in rows])
+            self.add([int(r[0]) for r in rows], vecs, autosave=False)
+        self._unsaved = max(self._unsaved, 1)
+        self.save()
+        with self.store.transaction():
+            self.store.db.execute("DELETE FROM index_tombstones WHERE conversation_id=?", (self.conv,))
 
     def add(self, ids: list[int], vecs: np.ndarray, autosave: bool = True) -> None:
         need = self.index.get_current_count() + len(ids)
@@ -94,8 +151,8 @@ class VectorIndex:
             self.save()
 
     def search(self, vec: np.ndarray, k: int) -> list[tuple[int, float]]:
-        n = self.index.get_current_count()
-        if n == 0:
+        n = len(self)
+        if n <= 0:
             return []
         k = min(k, n)
         labels, dist = self.index.knn_query(vec.reshape(1, -1).astype(np.float32), k=k)

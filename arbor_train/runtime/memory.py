@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -80,7 +81,8 @@ class ArborMemory:
         ix = cfg["index"]
         self.index = VectorIndex(store, conversation_id, self.embedder.dim, index_path(store.path, conversation_id),
                                  ef_search=ix["ef_search"], M=ix["M"], ef_construction=ix["ef_construction"],
-                                 save_every=ix["save_every"])
+                                 save_every=ix["save_every"],
+                                 compact_deleted_share=float(ix.get("compact_deleted_share", 0.25)))
         self.ablation = cfg["ablation"]
         self.timings = Timings()
 
@@ -304,9 +306,17 @@ class ArborMemory:
                           s.get("evidence", ""), node.id, ts, node.seq, node.root_id, supersedes)
 
     def _topic_key(self, ex: Extraction) -> str:
-        names = [e for e in ex.entities if not any(ch.isdigit() for ch in e)][:2]
-        kws = [k for k in ex.keywords if k.lower() not in {n.lower() for n in names}][:3]
-        return truncate(" · ".join(names + kws) or ex.summary, 80)
+        return self.topic_key_of(ex.entities, ex.keywords, ex.summary)
+
+    @staticmethod
+    def topic_key_of(entities: list[str], keywords: list[str], summary: str) -> str:
+        """A branch's topic key: its root's first two named entities and three keywords."""
+        names = [e for e in entities if not any(ch.isdigit() for ch in e)][:2]
+        kws = [k for k in keywords if k.lower() not in {n.lower() for n in names}][:3]
+        return truncate(" · ".join(names + kws) or summary, 80)
+
+    def roll_path(self, parent_path: str, summary: str) -> str:
+        return self._roll_path(parent_path, summary)
 
     def _roll_path(self, parent_path: str, summary: str) -> str:
         limit = self.cfg["path_summary_chars"]
@@ -328,6 +338,30 @@ class ArborMemory:
                 terms.append(e)
                 seen.add(e.lower())
         self.store.set_root_topic(self.conv, root_id, " ; ".join(terms))
+
+    def rebuild_anchor(self, root_id: int) -> None:
+        """The branch's topic anchor from its stored nodes, as the commits built it (after a forget)."""
+        root = self.store.get_node(root_id)
+        terms = root.topic_key.split(" ; ")
+        seen = {t.lower() for t in terms}
+        cap = self.cfg["recall"]["anchor_terms"]
+        for (ents,) in self.store.db.execute("SELECT entities FROM nodes WHERE root_id=? ORDER BY seq", (root_id,)):
+            if len(terms) >= cap:
+                break
+            for e in json.loads(ents):
+                if e.lower() not in seen and len(terms) < cap:
+                    terms.append(e)
+                    seen.add(e.lower())
+        self.store.set_root_topic(self.conv, root_id, " ; ".join(terms))
+
+    # ------------------------------------------------------------------ forget
+    def forget(self, nodes: list[int] | None = None, branch: int | None = None, entity: str | None = None,
+               question: str | None = None, dry_run: bool = False):
+        """Forget nodes (by id, by branch, by entity, or those a read of `question` cites) and everything
+        derived from them, in one transaction; returns a ForgetReport (counts, never text). See forget.py."""
+        from .forget import forget
+
+        return forget(self, nodes=nodes, branch=branch, entity=entity, question=question, dry_run=dry_run)
 
     # ------------------------------------------------------------------ read
     def read(self, question: str, now: str | None = None, budget: int | None = None) -> tuple[Localization, Context]:

@@ -13,7 +13,14 @@ Guarantees (tests/test_runtime_reliability.py shows each):
 - consistent reads: `snapshot()` reads one committed state (WAL snapshot), never a half-commit;
 - resumable ingest: a node can carry its turn's identity (`turn_key`, unique per conversation), so
   replaying a file skips the turns already stored;
-- `check()` lists every broken invariant (SQLite and FTS5 integrity, forest links, provenance).
+- `check()` lists every broken invariant (SQLite and FTS5 integrity, forest links, provenance);
+- forgetting leaves no residue: `PRAGMA secure_delete` zeroes freed pages, FTS5 `secure-delete` (SQLite
+  3.42+) removes a deleted row's terms from the full-text index itself, and `forget.py` checkpoints the
+  WAL away after a forget. Every derived row's sources are also in `provenance` (node -> item), so a
+  forget finds what a node supports without scanning the memory.
+
+SQLite comes from `pysqlite3` (a current SQLite, 3.51) where that wheel is installed, else the standard
+library's; with a library older than 3.42 a forget rewrites the touched FTS5 indexes instead ('optimize').
 
 Keyword/entity recall uses SQLite's built-in FTS5 (BM25 ranking, Porter stemming), which lives inside
 the same transaction as the node it indexes: no second store to keep consistent.
@@ -26,7 +33,6 @@ import hashlib
 import json
 import os
 import re
-import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,11 +40,17 @@ from typing import Any, Iterator
 
 import numpy as np
 
+try:  # a current SQLite (FTS5 secure-delete needs 3.42; the stdlib's may be older)
+    from pysqlite3 import dbapi2 as sqlite3
+except ImportError:  # pragma: no cover - platforms without the wheel
+    import sqlite3
+
 from ..errors import InputError, UserError
 from .schema import AtomicFact, Artifact, Event, Node, StateRecord
 from .text import STOPWORDS, content_words
 
-SCHEMA_VERSION = 2  # v2: injective conversation tokens in the FTS tables, nodes.turn_key
+SCHEMA_VERSION = 3  # v2: injective conversation tokens, nodes.turn_key; v3: provenance, forgetting
+FTS_SECURE_DELETE = sqlite3.sqlite_version_info >= (3, 42, 0)
 
 DDL = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -80,6 +92,17 @@ CREATE TABLE IF NOT EXISTS forked_roots(root_id INTEGER PRIMARY KEY);
 CREATE VIRTUAL TABLE IF NOT EXISTS record_fts USING fts5(conv, lex, tokenize='porter unicode61');
 CREATE VIRTUAL TABLE IF NOT EXISTS artifact_fts USING fts5(conv, lex, tokenize='porter unicode61');
 CREATE VIRTUAL TABLE IF NOT EXISTS event_fts USING fts5(conv, lex, tokenize='porter unicode61');
+CREATE TABLE IF NOT EXISTS provenance(
+  node_id INTEGER NOT NULL, kind TEXT NOT NULL, item_id INTEGER NOT NULL,
+  PRIMARY KEY(node_id, kind, item_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS forgotten_turns(
+  conversation_id TEXT NOT NULL, turn_key TEXT NOT NULL, PRIMARY KEY(conversation_id, turn_key)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS index_tombstones(
+  conversation_id TEXT NOT NULL, node_id INTEGER NOT NULL, PRIMARY KEY(conversation_id, node_id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS facts_root ON facts(root_id);
+CREATE INDEX IF NOT EXISTS records_root ON records(root_id);
+CREATE INDEX IF NOT EXISTS artifacts_root ON artifacts(root_id);
+CREATE INDEX IF NOT EXISTS events_root ON events(root_id);
 """
 # created after a v1 file gained the column (CREATE TABLE IF NOT EXISTS does not add it)
 TURN_KEY_INDEX = ("CREATE UNIQUE INDEX IF NOT EXISTS nodes_turn ON nodes(conversation_id, turn_key) "
@@ -87,7 +110,10 @@ TURN_KEY_INDEX = ("CREATE UNIQUE INDEX IF NOT EXISTS nodes_turn ON nodes(convers
 # FTS5 table -> the table whose row ids it shares (root_fts rows are root nodes)
 FTS_TABLES = {"node_fts": "nodes", "root_fts": "nodes", "fact_fts": "facts", "record_fts": "records",
               "artifact_fts": "artifacts", "event_fts": "events"}
-DATA_TABLES = ("meta", "nodes", "forked_roots", "facts", "records", "artifacts", "events")
+DATA_TABLES = ("meta", "nodes", "forked_roots", "facts", "records", "artifacts", "events", "provenance",
+               "forgotten_turns", "index_tombstones")
+# derived tables: every row lists its source nodes (JSON `sources`, mirrored in `provenance`)
+DERIVED_TABLES = ("facts", "records", "artifacts", "events")
 
 
 class MemoryBusy(UserError):
@@ -140,6 +166,7 @@ class Store:
             raise InputError(f"memory={self.path!r} is not an ArborMem memory (SQLite says: {e})") from None
         self.db.execute(f"PRAGMA synchronous={synchronous}")
         self.db.execute("PRAGMA foreign_keys=ON")
+        self.db.execute("PRAGMA secure_delete=ON")  # freed pages are zeroed: deleted text leaves the file
         self._in_tx = False
         self._lock_fd: int | None = None
         try:
@@ -157,11 +184,18 @@ class Store:
             row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             if row is None:
                 self.db.execute("INSERT INTO meta VALUES('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) == 1:
-                self._migrate_v1()
-            elif int(row[0]) != SCHEMA_VERSION:
-                raise InputError(f"{self.path}: memory schema v{row[0]}; this runtime reads v1 and v{SCHEMA_VERSION}")
+            else:
+                version = int(row[0])
+                if version not in (1, 2, SCHEMA_VERSION):
+                    raise InputError(f"{self.path}: memory schema v{row[0]}; this runtime reads v1 to v{SCHEMA_VERSION}")
+                if version == 1:
+                    self._migrate_v1()
+                if version <= 2:
+                    self._migrate_v2()
             self.db.execute(TURN_KEY_INDEX)
+            if FTS_SECURE_DELETE:  # persistent per table: deletes remove the row's terms from the index
+                for fts in FTS_TABLES:
+                    self.db.execute(f"INSERT INTO {fts}({fts}, rank) VALUES('secure-delete', 1)")
 
     def _migrate_v1(self) -> None:
         """v1 -> v2 in one transaction: re-token the FTS rows injectively, add nodes.turn_key.
@@ -176,6 +210,13 @@ class Store:
             for (conv,) in self.db.execute(f"SELECT DISTINCT conversation_id FROM {base}").fetchall():
                 self.db.execute(f"UPDATE {fts} SET conv=? WHERE rowid IN (SELECT id FROM {base} WHERE "
                                 "conversation_id=?)", (conv_token(conv).strip('"'), conv))
+
+    def _migrate_v2(self) -> None:
+        """v2 -> v3: the provenance table, filled from every derived row's sources (the new tables and
+        indexes come from the DDL)."""
+        for table in DERIVED_TABLES:
+            self.db.execute(f"INSERT OR IGNORE INTO provenance SELECT CAST(j.value AS INTEGER), ?, t.id "
+                            f"FROM {table} t, json_each(t.sources) j", (table,))
         self.db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
 
     def close(self) -> None:
@@ -310,15 +351,38 @@ class Store:
                     bad.append(f"node {nid}: parent {parent} is not a node of conversation {conv!r}")
                 elif root != p[4] or depth != p[5] + 1 or seq <= p[2]:
                     bad.append(f"node {nid}: root/depth/seq do not follow parent {parent}")
-            for conv, ss in seqs.items():
-                if sorted(ss) != list(range(len(ss))):
-                    bad.append(f"conversation {conv!r}: node seqs are not 0..{len(ss) - 1}")
-            for table in ("facts", "records", "artifacts", "events"):
-                for rid, conv, sources in self.db.execute(f"SELECT id, conversation_id, sources FROM {table}"):
-                    for src in json.loads(sources):
+            for conv, ss in seqs.items():  # gaps are left by forget; order and uniqueness are not
+                if len(set(ss)) != len(ss):
+                    bad.append(f"conversation {conv!r}: two nodes share a seq")
+            prov = {(int(n), k, int(i)) for n, k, i in self.db.execute("SELECT node_id, kind, item_id FROM provenance")}
+            want_prov = set()
+            for table in DERIVED_TABLES:
+                for rid, conv, sources, stamps in self.db.execute(
+                        f"SELECT id, conversation_id, sources, timestamps FROM {table}"):
+                    src_list = json.loads(sources)
+                    if not src_list:
+                        bad.append(f"{table} row {rid}: no source node")
+                    if len(json.loads(stamps)) != len(src_list):
+                        bad.append(f"{table} row {rid}: sources and timestamps differ in length")
+                    for src in src_list:
+                        want_prov.add((int(src), table, int(rid)))
                         n = nodes.get(int(src))
                         if n is None or n[1] != conv:
                             bad.append(f"{table} row {rid}: source {src} is not a node of conversation {conv!r}")
+            if prov != want_prov:
+                diff = sorted(prov ^ want_prov)[:5]
+                bad.append(f"provenance: {len(prov ^ want_prov)} entries differ from the rows' sources, e.g. {diff}")
+            for table in ("records", "artifacts"):
+                ids = {int(r[0]): (r[1], r[2]) for r in self.db.execute(
+                    f"SELECT id, supersedes, superseded_by FROM {table}")}
+                for rid, (sup, by) in ids.items():
+                    if sup is not None and (sup not in ids or ids[sup][1] != rid):
+                        bad.append(f"{table} row {rid}: supersedes {sup}, which is not superseded by it")
+                    if by is not None and (by not in ids or ids[by][0] != rid):
+                        bad.append(f"{table} row {rid}: superseded by {by}, which does not supersede it")
+            for (tk_conv, n) in self.db.execute("SELECT conversation_id, COUNT(*) FROM index_tombstones "
+                                                "WHERE node_id IN (SELECT id FROM nodes) GROUP BY 1"):
+                bad.append(f"conversation {tk_conv!r}: {n} index tombstones name live nodes")
         return bad
 
     # ------------------------------------------------------------------ meta
@@ -348,9 +412,15 @@ class Store:
 
         turn_key: the identity of the source turn (unique per conversation; see `turn_keys`)."""
         emb = n.embedding.astype(np.float32).tobytes() if n.embedding is not None else None
+        # ids are never reused after a forget (an id names one turn forever: caches, exports, index labels)
+        floor = self.get_meta("node_id_floor")
+        new_id = None
+        if floor is not None:
+            top = self.db.execute("SELECT COALESCE(MAX(id), 0) FROM nodes").fetchone()[0]
+            new_id = max(int(floor), int(top)) + 1
         cur = self.db.execute(
-            f"INSERT INTO nodes({_NODE_COLS}, turn_key) VALUES(NULL,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (n.conversation_id, n.seq, n.timestamp, n.parent_id, n.root_id, n.depth, n.user_text,
+            f"INSERT INTO nodes({_NODE_COLS}, turn_key) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (new_id, n.conversation_id, n.seq, n.timestamp, n.parent_id, n.root_id, n.depth, n.user_text,
              n.assistant_text, n.node_summary, n.path_summary, n.topic_key, json.dumps(n.entities),
              json.dumps(n.keywords), emb, turn_key),
         )
@@ -371,6 +441,14 @@ class Store:
         """Identities of the turns stored for a conversation (nodes committed with a turn_key)."""
         return {r[0] for r in self.db.execute(
             "SELECT turn_key FROM nodes WHERE conversation_id=? AND turn_key IS NOT NULL", (conv,))}
+
+    def forgotten_turn_keys(self, conv: str) -> set[str]:
+        """Identities of turns forgotten on request: a replayed transcript must not bring them back."""
+        return {r[0] for r in self.db.execute(
+            "SELECT turn_key FROM forgotten_turns WHERE conversation_id=?", (conv,))}
+
+    def add_provenance(self, node_id: int, kind: str, item_id: int) -> None:
+        self.db.execute("INSERT OR IGNORE INTO provenance VALUES(?,?,?)", (node_id, kind, item_id))
 
     def set_root_topic(self, conv: str, root_id: int, topic: str) -> None:
         self.db.execute("DELETE FROM root_fts WHERE rowid=?", (root_id,))
@@ -447,6 +525,12 @@ class Store:
             return self.latest_in_root(int(row[0]))
         return self.latest_descendant(node_id)
 
+    def subtree(self, node_id: int) -> set[int]:
+        """The node and every node below it."""
+        return {int(r[0]) for r in self.db.execute(
+            """WITH RECURSIVE down(id) AS (SELECT ? UNION ALL
+               SELECT n.id FROM nodes n JOIN down ON n.parent_id = down.id) SELECT id FROM down""", (node_id,))}
+
     def latest_descendant(self, node_id: int) -> int:
         row = self.db.execute(
             """WITH RECURSIVE down(id) AS (SELECT ? UNION ALL
@@ -505,12 +589,14 @@ class Store:
                 stamps.append(ts)
                 self.db.execute("UPDATE facts SET sources=?, timestamps=?, seq=? WHERE id=?",
                                 (json.dumps(sources), json.dumps(stamps), seq, row[0]))
+                self.add_provenance(node_id, "facts", int(row[0]))
             return int(row[0])
         cur = self.db.execute(
             "INSERT INTO facts(conversation_id, text, entities, tags, sources, timestamps, seq, root_id) "
             "VALUES(?,?,?,?,?,?,?,?)",
             (conv, text, json.dumps(entities), json.dumps(tags), json.dumps([node_id]), json.dumps([ts]), seq, root_id))
         fid = int(cur.lastrowid)
+        self.add_provenance(node_id, "facts", fid)
         self.db.execute("INSERT INTO fact_fts(rowid, conv, lex) VALUES(?,?,?)",
                         (fid, conv_token(conv).strip('"'), text + " " + " ".join(entities)))
         return fid
@@ -561,6 +647,7 @@ class Store:
             (conv, key, subject, value, tag, json.dumps(entities), evidence, json.dumps([node_id]),
              json.dumps([ts]), seq, root_id, supersedes, chain if chain is not None else -1))
         rid = int(cur.lastrowid)
+        self.add_provenance(node_id, "records", rid)
         if chain is None:
             self.db.execute("UPDATE records SET chain_id=? WHERE id=?", (rid, rid))
         if supersedes is not None:
@@ -574,6 +661,7 @@ class Store:
             return
         self.db.execute("UPDATE records SET sources=?, timestamps=? WHERE id=?",
                         (json.dumps(rec.sources + [node_id]), json.dumps(rec.timestamps + [ts]), rec.id))
+        self.add_provenance(node_id, "records", rec.id)
 
     def records(self, conv: str, include_superseded: bool = True) -> list[StateRecord]:
         q = f"SELECT {self._REC_COLS} FROM records WHERE conversation_id=?"
@@ -616,6 +704,7 @@ class Store:
             (conv, name, subject, json.dumps(items), json.dumps(entities), json.dumps([node_id]),
              json.dumps([ts]), seq, root_id, supersedes))
         aid = int(cur.lastrowid)
+        self.add_provenance(node_id, "artifacts", aid)
         if supersedes is not None:
             self.db.execute("UPDATE artifacts SET superseded_by=? WHERE id=?", (aid, supersedes))
         self.db.execute("INSERT INTO artifact_fts(rowid, conv, lex) VALUES(?,?,?)",
@@ -645,6 +734,7 @@ class Store:
              ev.get("date") or ts, ev["text"], json.dumps(ev.get("entities", [])), json.dumps([node_id]),
              json.dumps([ts]), seq, root_id))
         eid = int(cur.lastrowid)
+        self.add_provenance(node_id, "events", eid)
         self.db.execute("INSERT INTO event_fts(rowid, conv, lex) VALUES(?,?,?)",
                         (eid, conv_token(conv).strip('"'), f"{ev.get('subject', '')} {ev['action']} {ev.get('category', '')} "
                          f"{ev['text']} {' '.join(ev.get('entities', []))}"))

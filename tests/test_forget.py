@@ -1,0 +1,415 @@
+"""Forgetting on request (issue #19): selectors, the provenance cascade, no residue on disk, isolation
+between conversations, and SIGKILLs during a forget."""
+
+import os
+import random
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from arbor_train.errors import UserError
+from arbor_train.runtime import ArborMemory, default_config
+from arbor_train.runtime.extract import Extraction
+from arbor_train.runtime.index import index_path
+from arbor_train.runtime.render import forest_json
+from arbor_train.runtime.schema import Localization
+from arbor_train.runtime.store import Store
+from test_runtime_cli import make_cfg, write_json
+from test_runtime_reliability import FORK, content, ingest, long_conversation, problems, quoted
+
+from arbor_train.runtime.cli import run
+
+MARKER = "qvzxmarker4417"
+
+
+def memory_files(mem: Path) -> list[Path]:
+    """Every file the memory owns: the database, its WAL and shared memory, the lock, the index files."""
+    files = [p for p in mem.parent.glob(mem.name + "*") if p.is_file()]
+    files += [p for p in Path(f"{mem}.hnsw").glob("*") if p.is_file()]
+    return files
+
+
+def residue(mem: Path, needle: str) -> list[str]:
+    """The memory's files whose raw bytes hold `needle` (UTF-8, or as SQLite/FTS5 might store it)."""
+    forms = {needle.encode(), needle.lower().encode(), needle.encode("utf-16-le")}
+    return [p.name for p in memory_files(mem) if any(f in p.read_bytes() for f in forms)]
+
+
+def extraction(summary: str, entities=(), facts=(), states=(), artifacts=()) -> Extraction:
+    return Extraction(summary=summary, entities=list(entities), keywords=[w.lower() for w in entities][:1],
+                      facts=[{"text": t, "entities": list(entities), "tags": ["misc"]} for t in facts],
+                      states=list(states), artifacts=list(artifacts))
+
+
+def commit(mem: ArborMemory, text: str, parent: int | None, ex: Extraction) -> int:
+    loc = Localization(parent, "test", 1.0)
+    return mem.commit(text, "ok", loc, "2024-05-01", extraction=ex).id
+
+
+def budget(value: str, subject: str = "Nikos") -> dict:
+    return {"key": "budget", "value": value, "entities": [subject], "tag": "money",
+            "evidence": f"the budget is {value}"}
+
+
+@pytest.fixture
+def mem(tmp_path):
+    m = ArborMemory.open(tmp_path / "m.sqlite", "c1", default_config())
+    yield m
+    m.close()
+
+
+# ---------------------------------------------------------------------- the cascade
+def test_forgetting_the_update_makes_the_previous_value_current_again(mem):
+    a = commit(mem, "Nikos's trip budget is $1200.", None, extraction("trip budget", ["Nikos"], states=[budget("$1200")]))
+    b = commit(mem, "Change it to $1500.", a, extraction("budget raised", ["Nikos"], states=[budget("$1500")]))
+    c = commit(mem, "Now make it $1800.", b, extraction("budget raised again", ["Nikos"], states=[budget("$1800")]))
+    chain = [r.value for r in mem.store.record_history(mem.store.current_records("c1", "budget", "Nikos")[0].id)]
+    assert chain == ["$1200", "$1500", "$1800"]
+
+    rep = mem.forget(nodes=[b])  # the middle revision: the chain is re-joined around it
+    assert rep.counts["records_deleted"] == 1 and rep.counts["revisions_relinked"] == 1
+    cur = mem.store.current_records("c1", "budget", "Nikos")
+    assert [r.value for r in mem.store.record_history(cur[0].id)] == ["$1200", "$1800"]
+
+    mem.forget(nodes=[c])  # the newest: the old value is current again
+    cur = mem.store.current_records("c1", "budget", "Nikos")
+    assert [r.value for r in cur] == ["$1200"] and cur[0].superseded_by is None
+    assert mem.store.check() == []
+    _, ctx = mem.read("What is Nikos's budget now?")
+    assert "$1200" in ctx.text and "$1500" not in ctx.text and "$1800" not in ctx.text
+
+
+def test_forgetting_the_first_revision_moves_the_chain_head(mem):
+    a = commit(mem, "Budget $1200.", None, extraction("b", ["Nikos"], states=[budget("$1200")]))
+    b = commit(mem, "Budget $1500.", a, extraction("b2", ["Nikos"], states=[budget("$1500")]))
+    mem.forget(nodes=[a])
+    (rec,) = mem.store.records("c1")
+    assert rec.value == "$1500" and rec.supersedes is None and rec.chain_id == rec.id
+    assert mem.store.get_node(b).parent_id is None  # the child of a forgotten root is a root
+    assert mem.store.check() == []
+
+
+def test_an_item_with_another_source_stays_without_the_forgotten_one(mem):
+    a = commit(mem, "Mila is allergic to peanuts.", None, extraction("allergy", ["Mila"], facts=["Mila is allergic to peanuts."]))
+    b = commit(mem, "Reminder: Mila is allergic to peanuts.", a,
+               extraction("allergy again", ["Mila"], facts=["Mila is allergic to peanuts."]))
+    (fact,) = mem.store.facts("c1")
+    assert fact.sources == [a, b]
+    rep = mem.forget(nodes=[a])
+    assert rep.counts["facts_trimmed"] == 1 and rep.counts["facts_deleted"] == 0
+    (fact,) = mem.store.facts("c1")
+    assert fact.sources == [b] and len(fact.timestamps) == 1
+    mem.forget(nodes=[b])
+    assert mem.store.facts("c1") == []
+    assert mem.store.check() == []
+
+
+def test_the_forest_stays_a_forest_and_no_summary_quotes_forgotten_text(mem):
+    root = commit(mem, f"Plan the {MARKER} trip.", None, extraction(f"{MARKER} trip plan", ["Lisbon"]))
+    mid = commit(mem, f"The {MARKER} hotel is booked.", root, extraction(f"hotel for {MARKER}", ["Lisbon"]))
+    left = commit(mem, "Dinner at Ramiro.", mid, extraction("dinner at Ramiro", ["Ramiro"]))
+    right = commit(mem, "Museum on Sunday.", mid, extraction("museum Sunday", ["Sunday"]))
+    deep = commit(mem, "Book the museum tickets.", right, extraction("museum tickets", ["Sunday"]))
+    assert MARKER in mem.store.get_node(deep).path_summary
+
+    rep = mem.forget(nodes=[root, mid])
+    assert rep.counts["nodes"] == 2 and rep.counts["nodes_reattached"] == 2 and rep.counts["new_roots"] == 2
+    assert rep.counts["nodes_moved"] == 3
+    nodes = {n.id: n for n in mem.nodes()}
+    assert set(nodes) == {left, right, deep}
+    assert nodes[left].parent_id is None and nodes[right].parent_id is None
+    assert nodes[deep].parent_id == right and nodes[deep].root_id == right and nodes[deep].depth == 1
+    for n in nodes.values():
+        assert MARKER not in n.path_summary and MARKER not in n.topic_key
+    anchors = [t for (t,) in mem.store.db.execute("SELECT topic FROM root_fts")]
+    assert len(anchors) == 2 and not any(MARKER in t or "Lisbon" in t for t in anchors)
+    assert mem.store.check() == []
+
+
+def test_a_branch_goes_whole_and_other_branches_keep_their_text(mem):
+    a = commit(mem, "Trip to Oslo.", None, extraction("oslo trip", ["Oslo"]))
+    commit(mem, "Oslo hotel booked.", a, extraction("oslo hotel", ["Oslo"]))
+    other = commit(mem, "Wedding in Lyon.", None, extraction("lyon wedding", ["Lyon"]))
+    before = mem.store.get_node(other)
+    rep = mem.forget(branch=a)
+    assert rep.counts["nodes"] == 2 and [n.id for n in mem.nodes()] == [other]
+    after = mem.store.get_node(other)
+    assert (after.path_summary, after.topic_key) == (before.path_summary, before.topic_key)
+
+
+def test_forget_by_entity_removes_every_mention_including_derived_items_with_other_sources(mem):
+    a = commit(mem, "Caroline went to a support group.", None,
+               extraction("support group", ["Caroline"], facts=["Caroline went to a support group."]))
+    b = commit(mem, "Melanie paints landscapes.", None,
+               extraction("painting", ["Melanie"], facts=["Melanie paints landscapes.", "Caroline admires it."]))
+    rep = mem.forget(entity="caroline")
+    assert rep.node_ids == [a]
+    texts = [f.text for f in mem.store.facts("c1")]
+    assert texts == ["Melanie paints landscapes."]  # the fact that names her goes although b stays
+    assert [n.id for n in mem.nodes()] == [b]
+    assert mem.store.check() == []
+
+
+def test_forget_by_question_removes_the_nodes_a_read_cites(mem):
+    a = commit(mem, "The Kyoto conference deadline is May 3.", None,
+               extraction("kyoto deadline", ["Kyoto"], facts=["The Kyoto conference deadline is May 3."]))
+    b = commit(mem, "Groceries: eggs and milk.", None, extraction("groceries", ["Groceries"]))
+    cited = mem.read("When is the Kyoto conference deadline?")[1].node_ids
+    assert a in cited and b not in cited
+    rep = mem.forget(question="When is the Kyoto conference deadline?")
+    assert set(rep.node_ids) == cited
+    assert b in {n.id for n in mem.nodes()} and "May 3" not in mem.read("Kyoto deadline?")[1].text
+
+
+def test_a_dry_run_reports_the_counts_and_changes_nothing(mem):
+    a = commit(mem, "Budget $1200.", None, extraction("b", ["Nikos"], states=[budget("$1200")], facts=["x y z"]))
+    commit(mem, "Budget $1500.", a, extraction("b2", ["Nikos"], states=[budget("$1500")]))
+    before = mem.store.content_hash()
+    dry = mem.forget(nodes=[a], dry_run=True)
+    assert mem.store.content_hash() == before
+    real = mem.forget(nodes=[a])
+    assert dry.counts["nodes"] == real.counts["nodes"] == 1
+    for k in ("records_deleted", "facts_deleted", "nodes_reattached", "revisions_relinked"):
+        assert dry.counts[k] == real.counts[k] > 0, k
+
+
+def test_node_ids_are_never_reused_after_forgetting_the_newest(mem):
+    a = commit(mem, "one", None, extraction("one"))
+    b = commit(mem, "two", a, extraction("two"))
+    mem.forget(nodes=[b])
+    c = commit(mem, "three", a, extraction("three"))
+    assert c > b
+    assert [lbl for lbl, _ in mem.index.search(mem.embed("two"), 5)] and b not in dict(mem.index.search(mem.embed("two"), 5))
+
+
+def test_unknown_nodes_and_empty_selectors_are_refused(mem):
+    commit(mem, "one", None, extraction("one"))
+    with pytest.raises(UserError, match="node 99 is not a node of conversation 'c1'"):
+        mem.forget(nodes=[99])
+    with pytest.raises(UserError, match="name what to forget"):
+        mem.forget()
+    other = mem.for_conversation("c2")
+    with pytest.raises(UserError, match="is not a node of conversation 'c2'"):
+        other.forget(nodes=[1])  # another conversation's node
+    assert mem.stats()["nodes"] == 1
+
+
+# ---------------------------------------------------------------------- the vector index
+def test_forgotten_vectors_are_never_returned_and_the_index_compacts(tmp_path):
+    cfg = default_config()
+    cfg["index"]["compact_deleted_share"] = 0.3
+    mem = ArborMemory.open(tmp_path / "m.sqlite", "c1", cfg)
+    ids = [commit(mem, f"topic number {i} about {w}", None, extraction(f"t{i}"))
+           for i, w in enumerate(["apples", "boats", "cars", "dogs", "eggs", "ferns", "goats", "hats"])]
+    q = mem.embed("topic number 1 about boats")
+    assert mem.index.search(q, 1)[0][0] == ids[1]
+    rep = mem.forget(nodes=[ids[1]])
+    assert rep.counts["index_vectors"] == 1 and not rep.counts["index_compacted"]
+    hits = [i for i, _ in mem.index.search(q, 8)]
+    assert ids[1] not in hits and len(hits) == 7
+    rep = mem.forget(nodes=ids[2:4])  # 3 of 8 deleted > 0.3: rebuilt from SQLite
+    assert rep.counts["index_compacted"] == 1 and len(mem.index) == 5
+    assert mem.store.db.execute("SELECT COUNT(*) FROM index_tombstones").fetchone()[0] == 0
+    mem.close()
+
+
+def test_an_index_file_saved_before_the_forget_is_caught_up_on_open(tmp_path, monkeypatch):
+    path = tmp_path / "m.sqlite"
+    mem = ArborMemory.open(path, "c1", default_config())
+    ids = [commit(mem, f"note {w}", None, extraction(w)) for w in ["alpha", "bravo", "charlie", "delta", "echo"]]
+    mem.index.save()
+    stale = index_path(str(path), "c1").read_bytes()
+    mem.forget(nodes=[ids[0]])
+    mem.close()
+    index_path(str(path), "c1").write_bytes(stale)  # as if killed between the commit and the index save
+    mem = ArborMemory.open(path, "c1", default_config())
+    assert ids[0] not in [i for i, _ in mem.index.search(mem.embed("note alpha"), 4)]
+    mem.close()
+    assert stale != index_path(str(path), "c1").read_bytes()  # the zeroed vector was written back
+
+
+# ---------------------------------------------------------------------- no residue on disk
+def test_no_forgotten_text_is_left_in_any_file_the_memory_owns(tmp_path):
+    conversation = long_conversation(60)
+    conversation["turns"][17]["user"] = f"Confidential: my passport number is {MARKER}, Maria's trip."
+    conversation["turns"][17]["assistant"] = f"Stored {MARKER}."
+    mem = tmp_path / "m.sqlite"
+    ingest(write_json(tmp_path / "c.json", conversation), mem)
+    assert residue(mem, MARKER)  # the scan can see it before
+    res = run(make_cfg("command=forget", f"entity={MARKER}", f"memory={mem}"))
+    assert res["counts"]["nodes"] == 1
+    assert residue(mem, MARKER) == []
+    assert problems(mem) == []
+    # the WAL was checkpointed away; a replay of the transcript does not bring the turn back
+    res = ingest(write_json(tmp_path / "c.json", conversation), mem)
+    assert res["skipped"] == 60 and residue(mem, MARKER) == []
+
+
+def test_cli_forget_dry_run_then_forget(tmp_path, capsys):
+    mem = tmp_path / "m.sqlite"
+    ingest(write_json(tmp_path / "c.json", long_conversation(12)), mem)
+    before = content(mem)
+    capsys.readouterr()
+    res = run(make_cfg("command=forget", "entity=Bob", "dry_run=true", f"memory={mem}"))
+    out = capsys.readouterr().out
+    assert "would forget 4 nodes" in out and "Porto" not in out  # counts, never the text
+    assert content(mem) == before and res["counts"]["nodes"] == 4
+    res = run(make_cfg("command=forget", "nodes=[1,2]", f"memory={mem}"))
+    assert res["counts_after"]["nodes"] == 10
+    with pytest.raises(UserError, match=r"nodes\[0\] \(a node id\)"):
+        run(make_cfg("command=forget", "nodes=[x]", f"memory={mem}"))
+    with pytest.raises(UserError, match="needs what to forget"):
+        run(make_cfg("command=forget", f"memory={mem}"))
+
+
+# ---------------------------------------------------------------------- isolation
+def test_forget_in_one_conversation_never_touches_another(tmp_path):
+    conversation = long_conversation(24)
+    mem = tmp_path / "m.sqlite"
+    for conv in ("alice", "bob"):  # the same texts and entity names in both
+        ingest(write_json(tmp_path / f"{conv}.json", conversation), mem, f"conversation_id={conv}")
+
+    def snapshot(conv: str) -> tuple:
+        """Everything stored for one conversation, and what its reads select and cite. (BM25 statistics
+        are file-wide in FTS5, so scores, not stored rows, may move with the other conversation.)"""
+        m = ArborMemory.open(mem, conv, default_config())
+        try:
+            st = m.store
+            rows = (forest_json(m), st.facts(conv), st.records(conv), st.artifacts(conv, True), st.events(conv),
+                    m.index.path.read_bytes())
+            reads = []
+            for q in ("What is Maria's hotel budget?", "What are Bob's slides?", "How long is Dr. Chen's talk?"):
+                loc, ctx = m.read(q)
+                reads.append((loc.parent_id, sorted(ctx.node_ids)))
+            return rows, reads
+        finally:
+            m.close()
+
+    bob_before = snapshot("bob")
+    m = ArborMemory.open(mem, "alice", default_config())
+    rep = m.forget(entity="Maria")
+    assert rep.counts["nodes"] == 8
+    m.forget(branch=m.nodes()[0].id)
+    m.close()
+    assert snapshot("bob") == bob_before
+    assert problems(mem) == []
+
+
+# ---------------------------------------------------------------------- kills during a forget
+def _child_forgets(mem: str, plan: list[dict], conn) -> None:
+    sys.stdout = open(os.devnull, "w")
+    sys.stderr = open(os.devnull, "w")
+    try:
+        m = ArborMemory.open(mem, "default", NO_COMPACTION)
+        for sel in plan:
+            m.forget(**sel)
+            conn.send(1)
+        m.close()
+    finally:
+        os._exit(0)
+
+
+NO_COMPACTION = default_config()
+NO_COMPACTION["index"]["compact_deleted_share"] = 1.0  # each forget is then exactly one transaction
+
+
+def forget_plan(mem: Path) -> list[dict]:
+    s = Store(str(mem))
+    try:
+        ids = [int(r[0]) for r in s.db.execute("SELECT id FROM nodes ORDER BY seq")]
+        roots = s.roots("default")
+    finally:
+        s.close()
+    return [{"nodes": ids[3:5]}, {"entity": "Dr. Chen"}, {"branch": roots[0]}, {"nodes": [ids[-1]]},
+            {"question": "What is Bob's venue budget?"}]
+
+
+def forget_kill_trials(tmp_path: Path, want: int, max_trials: int, seed: int) -> dict:
+    """Fork a process that runs a plan of forgets; SIGKILL it after a random number of them plus 0-4 ms.
+    Every reopened memory must pass its check and hold exactly the state after some whole number of
+    forgets (content hashes of an uninterrupted run), and its index must return no forgotten node."""
+    base = tmp_path / "base.sqlite"
+    ingest(write_json(tmp_path / "c.json", long_conversation(48)), base)
+    plan = forget_plan(base)
+    ref = tmp_path / "ref.sqlite"
+    shutil.copy(base, ref)
+    states = [content(ref)]
+    m = ArborMemory.open(ref, "default", NO_COMPACTION)
+    for sel in plan:
+        m.forget(**sel)
+        states.append(m.store.content_hash())
+    m.close()
+    rng = random.Random(seed)
+    stats = {"trials": 0, "kills": 0, "mid_plan": 0, "landed_after": [0] * (len(plan) + 1)}
+    for trial in range(max_trials):
+        if stats["mid_plan"] >= want:
+            break
+        stats["trials"] += 1
+        mem = tmp_path / f"t{trial}" / "m.sqlite"
+        mem.parent.mkdir()
+        shutil.copy(base, mem)
+        receiver, sender = FORK.Pipe(duplex=False)
+        p = FORK.Process(target=_child_forgets, args=(str(mem), plan, sender))
+        p.start()
+        wait_for, seen, deadline = rng.randrange(len(plan)), 0, time.monotonic() + 60
+        while seen < wait_for and p.is_alive() and time.monotonic() < deadline:
+            if receiver.poll(0.1):
+                receiver.recv()
+                seen += 1
+        time.sleep(rng.uniform(0.0, 0.004))
+        killed = p.is_alive()
+        if killed:
+            os.kill(p.pid, signal.SIGKILL)
+            stats["kills"] += 1
+        p.join()
+        receiver.close()
+        sender.close()
+        assert problems(mem) == [], f"trial {trial}: inconsistent after a kill"
+        h = content(mem)
+        assert h in states, f"trial {trial}: a state between two forgets"
+        k = states.index(h)
+        stats["landed_after"][k] += 1
+        stats["mid_plan"] += killed and k < len(plan)
+        m = ArborMemory.open(mem, "default", NO_COMPACTION)
+        live = {n.id for n in m.nodes()}
+        assert {i for i, _ in m.index.search(m.embed("budget venue hotel talk"), len(live))} <= live
+        m.close()
+        shutil.rmtree(mem.parent)
+    return stats
+
+
+def test_killed_forgets_leave_the_state_before_or_after(tmp_path):
+    stats = forget_kill_trials(tmp_path, want=8, max_trials=40, seed=0)
+    print(f"\nforget kill trials: {stats}")
+    assert stats["mid_plan"] >= 8, stats
+
+
+@pytest.mark.slow
+def test_killed_forgets_many_times(tmp_path):
+    stats = forget_kill_trials(tmp_path, want=60, max_trials=250, seed=1)
+    print(f"\nforget kill trials: {stats}")
+    assert stats["mid_plan"] >= 60, stats
+
+
+def test_a_v2_memory_gains_its_provenance_on_open(tmp_path):
+    from arbor_train.runtime import store as store_mod
+
+    mem = tmp_path / "m.sqlite"
+    ingest(write_json(tmp_path / "c.json", long_conversation(12)), mem)
+    s = Store(str(mem))
+    want = s.db.execute("SELECT * FROM provenance ORDER BY 1, 2, 3").fetchall()
+    s.close()
+    db = store_mod.sqlite3.connect(mem)  # the file as v2 wrote it
+    for table in ("provenance", "forgotten_turns", "index_tombstones"):
+        db.execute(f"DROP TABLE {table}")
+    db.execute("UPDATE meta SET value='2' WHERE key='schema_version'")
+    db.commit()
+    db.close()
+    s = Store(str(mem))
+    assert s.get_meta("schema_version") == "3" and s.check() == []
+    assert s.db.execute("SELECT * FROM provenance ORDER BY 1, 2, 3").fetchall() == want and want
+    s.close()
