@@ -5,6 +5,10 @@ each question with a callback that scores the prediction; `flush()` then generat
 length-sorted batches (little padding) and fills in the records. A disk cache keyed by the model, the
 generation length and the exact prompt makes reruns, and rows whose contexts coincide (an ablation that
 does not change a question's context), free.
+
+Each cached answer also records where its context came from (a unit, e.g. "arbormem/<session>", and
+the turns the context cited), so a forget request removes the answers built from the forgotten turns
+(`Answers.forget`): no answer derived from forgotten text outlives the request in the cache.
 """
 
 from __future__ import annotations
@@ -26,21 +30,40 @@ def messages(context: str, question: str) -> list[dict]:
             {"role": "user", "content": f"{context}\n\nQuestion: {question}\nAnswer:"}]
 
 
+Sources = tuple[str, list[int]]  # (unit, turns cited by the context)
+
+
 class AnswerCache:
     """prompt hash -> answer, in SQLite (safe to share between runs; a crashed run loses nothing stored)."""
 
     def __init__(self, path: str | Path):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(str(path))
+        self.db.execute("PRAGMA secure_delete=ON")  # a forgotten answer's bytes are zeroed, not left free
         self.db.execute("CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, answer TEXT NOT NULL)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS answer_sources (unit TEXT NOT NULL, turn INTEGER NOT NULL, "
+                        "key TEXT NOT NULL, PRIMARY KEY(unit, turn, key)) WITHOUT ROWID")
 
     def get(self, key: str) -> str | None:
         row = self.db.execute("SELECT answer FROM answers WHERE key = ?", (key,)).fetchone()
         return row[0] if row else None
 
-    def put_many(self, items: list[tuple[str, str]]) -> None:
+    def put_many(self, items: list[tuple[str, str]], sources: dict[str, list[Sources]] | None = None) -> None:
         with self.db:
             self.db.executemany("INSERT OR REPLACE INTO answers VALUES (?, ?)", items)
+            rows = [(unit, int(turn), k) for k, _ in items for unit, turns in (sources or {}).get(k, [])
+                    for turn in turns]
+            self.db.executemany("INSERT OR IGNORE INTO answer_sources VALUES (?, ?, ?)", rows)
+
+    def forget(self, unit: str, turns: list[int]) -> int:
+        """Delete every answer whose context cited one of these turns of this unit; returns how many."""
+        q = ",".join("?" * len(turns))
+        with self.db:
+            keys = [k for (k,) in self.db.execute(
+                f"SELECT DISTINCT key FROM answer_sources WHERE unit = ? AND turn IN ({q})", (unit, *turns))]
+            self.db.executemany("DELETE FROM answers WHERE key = ?", [(k,) for k in keys])
+            self.db.executemany("DELETE FROM answer_sources WHERE key = ?", [(k,) for k in keys])
+        return len(keys)
 
     def close(self) -> None:
         self.db.close()
@@ -51,10 +74,21 @@ class Answers:
         self.llm, self.max_new_tokens, self.progress = llm, max_new_tokens, progress
         self.cache = AnswerCache(cache) if cache else None
         self.queue: list[tuple[list[dict], Callable[[str], None]]] = []
+        self.sources: list[Sources | None] = []  # per queued item
+        self.uncacheable: set[int] = set()        # queued items whose context cites forgotten turns
         self.stats = {"answers": 0, "cached": 0, "generated": 0}
 
-    def ask(self, context: str, question: str, done: Callable[[str], None]) -> None:
+    def ask(self, context: str, question: str, done: Callable[[str], None], sources: Sources | None = None) -> None:
         self.queue.append((messages(context, question), done))
+        self.sources.append(sources)
+
+    def forget(self, unit: str, turns: list[int]) -> int:
+        """A forget request: cached answers built from these turns go, and queued ones are not stored."""
+        want = set(turns)
+        for i, src in enumerate(self.sources):
+            if src is not None and src[0] == unit and want & set(src[1]):
+                self.uncacheable.add(i)
+        return self.cache.forget(unit, list(want)) if self.cache else 0
 
     def _key(self, msgs: list[dict]) -> str:
         blob = json.dumps([getattr(self.llm, "cache_id", getattr(self.llm, "name", type(self.llm).__name__)), self.max_new_tokens, msgs],
@@ -72,6 +106,11 @@ class Answers:
                     preds[k] = hit
         todo = sorted({k: m for k, (m, _) in zip(keys, self.queue) if k not in preds}.items(),
                       key=lambda kv: len(kv[1][1]["content"]))
+        no_store = {keys[i] for i in self.uncacheable}
+        sources: dict[str, list[Sources]] = {}
+        for k, src in zip(keys, self.sources):
+            if src is not None:
+                sources.setdefault(k, []).append(src)
         bs = max(1, int(getattr(self.llm, "batch_size", 8) or 8))
         bar = tqdm(total=len(todo), desc="answers", unit="q", disable=not self.progress or not todo)
         for i in range(0, len(todo), bs):
@@ -80,13 +119,13 @@ class Answers:
             got = [(k, o) for (k, _), o in zip(chunk, outs)]
             preds.update(got)
             if self.cache:
-                self.cache.put_many(got)
+                self.cache.put_many([(k, o) for k, o in got if k not in no_store], sources)
             bar.update(len(chunk))
         bar.close()
         for k, (_, done) in zip(keys, self.queue):
             done(preds[k])
         self.stats = {"answers": len(keys), "cached": len(keys) - len(todo), "generated": len(todo)}
-        self.queue = []
+        self.queue, self.sources, self.uncacheable = [], [], set()
         return self.stats
 
     def close(self) -> None:

@@ -1,6 +1,6 @@
 """Benchmarks that print measured numbers; the last line of stdout is one JSON object.
 
-    python -m eval.bench target=runtime                       # ingest s/turn, query p50/p95 at 1k and 10k nodes
+    python -m eval.bench target=runtime                       # ingest s/turn, query p50/p95, forget ms at 1k and 10k nodes
     python -m eval.bench target=runtime bench.sizes=[1000]    # quicker
     python -m eval.bench target=train                         # extractor SFT step: ours vs HF Trainer + PEFT
 """
@@ -64,6 +64,46 @@ def _pcts(xs: list[float]) -> tuple[float, float]:
     return float(np.percentile(a, 50)), float(np.percentile(a, 95))
 
 
+def bench_forget(mem, b: DictConfig, scratch: Path) -> dict:
+    """Milliseconds of `forget(nodes=...)` for each count in bench.forget_counts, on copies of this memory.
+
+    Each count starts from a fresh copy of the file (and its index), so earlier forgets do not shrink the
+    forest; nodes are drawn at random from the whole forest, so the cascade re-attaches children and
+    re-summarizes their subtrees as a user's deletions would. `moved` counts the nodes re-summarized.
+    """
+    import shutil
+
+    from arbor_train.runtime import ArborMemory
+
+    mem.index.save()
+    mem.store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    src = Path(mem.store.path)
+    out: dict = {}
+    for count in (parse_int(c, "bench.forget_counts[]", minimum=1) for c in b.forget_counts):
+        times, moved, compacted = [], [], 0
+        for rep in range(int(b.forget_repeats)):
+            copy = scratch / f"{count}_{rep}" / src.name
+            copy.parent.mkdir(parents=True)
+            shutil.copy(src, copy)
+            shutil.copytree(f"{src}.hnsw", f"{copy}.hnsw")
+            m = ArborMemory.open(copy, mem.conv, mem.cfg, components=mem.components)
+            ids = [n for (n,) in m.store.db.execute("SELECT id FROM nodes WHERE conversation_id=?", (mem.conv,))]
+            pick = random.Random(count * 1000 + rep).sample(ids, min(count, len(ids)))
+            t = time.perf_counter()
+            r = m.forget(nodes=pick)
+            times.append(time.perf_counter() - t)
+            moved.append(r.counts["nodes_moved"])
+            compacted += r.counts["index_compacted"]
+            m.close()
+            shutil.rmtree(copy.parent)
+        out[f"nodes_{count}"] = {"ms_median": round(1000 * statistics.median(times), 2),
+                                 "ms_max": round(1000 * max(times), 2),
+                                 "ms_per_node": round(1000 * statistics.median(times) / count, 3),
+                                 "moved_median": statistics.median(moved), "index_rebuilds": compacted,
+                                 "repeats": len(times)}
+    return out
+
+
 def bench_runtime(cfg: DictConfig) -> dict:
     from arbor_train.runtime import ArborMemory, build_components, default_config
     from arbor_train.runtime.rerank import build_reranker
@@ -120,6 +160,7 @@ def bench_runtime(cfg: DictConfig) -> dict:
                     "ingest_write_s": round(statistics.mean(tm.commit_s), 5),
                     "query_p50_s": round(p50, 5), "query_p95_s": round(p95, 5), "queries": len(lat),
                 }
+                res[f"nodes_{size}"]["forget"] = bench_forget(mem, b, Path(d) / f"forget_{size}")
                 print(f"[{label}] {size} nodes: {json.dumps(res[f'nodes_{size}'])}", flush=True)
                 mem.reranker = bulk["reranker"]
             mem.close()

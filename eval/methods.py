@@ -2,7 +2,8 @@
 
 Every method ingests turns online (`observe`) and, at a question, returns a context (`read`) built only
 from what was committed before the question. Baselines may prefilter up to twice the budget before
-packing, as in the method paper.
+packing, as in the method paper. `forget(turns)` deletes turns on request (the forgetting evaluation):
+the runtime and the fact store through `ArborMemory.forget`, the flat baselines by dropping the turns.
 
 - ArborMemoryMethod   the reference runtime (heuristic, prompted or tuned components; ablations)
 - FullContextMethod   the most recent turns that fit the budget
@@ -41,8 +42,31 @@ class Method:
     def read(self, question: str, now: str | None, budget: int) -> ReadResult:
         raise NotImplementedError
 
+    def forget(self, turns: list[int]) -> None:
+        """Delete what these turns (indices as given to `observe`) put into the memory."""
+        raise NotImplementedError
+
     def close(self) -> None:
         pass
+
+
+class _ArborBacked(Method):
+    """Methods kept in an ArborMemory: turn index <-> node id, and forgetting through the runtime."""
+
+    def __init__(self, runtime_cfg: dict, components: dict, session_id: str):
+        self.mem = ArborMemory.open(":memory:", session_id, runtime_cfg, components=components)
+        self.turn_of: dict[int, int] = {}
+
+    def forget(self, turns: list[int]) -> None:
+        want = set(turns)
+        nodes = [n for n, t in self.turn_of.items() if t in want]
+        if nodes:
+            self.mem.forget(nodes=nodes)
+        for n in nodes:
+            del self.turn_of[n]
+
+    def close(self) -> None:
+        self.mem.store.close()
 
 
 def _pack(counter: TokenCounter, header: str, items: list[tuple[int, str]], budget: int) -> ReadResult:
@@ -59,11 +83,10 @@ def _pack(counter: TokenCounter, header: str, items: list[tuple[int, str]], budg
     return ReadResult(header + "\n" + "\n".join(t for _, t in kept), used, [t for t, _ in kept])
 
 
-class ArborMemoryMethod(Method):
+class ArborMemoryMethod(_ArborBacked):
     def __init__(self, runtime_cfg: dict, components: dict, session_id: str):
+        super().__init__(runtime_cfg, components, session_id)
         self.name = "arbormem"
-        self.mem = ArborMemory.open(":memory:", session_id, runtime_cfg, components=components)
-        self.turn_of: dict[int, int] = {}
         self._pending: Localization | None = None
 
     def observe(self, turn, user, assistant, ts, is_question) -> dict:
@@ -81,9 +104,6 @@ class ArborMemoryMethod(Method):
         sel = self.turn_of.get(loc.parent_id) if loc.parent_id is not None else None
         return ReadResult(ctx.text, ctx.tokens, turns, sel, loc.route)
 
-    def close(self) -> None:
-        self.mem.store.close()
-
 
 class _TurnStore(Method):
     """Shared state of the flat baselines: the committed turns, in order."""
@@ -91,6 +111,7 @@ class _TurnStore(Method):
     def __init__(self, counter: TokenCounter):
         self.counter = counter
         self.turns: list[tuple[int, str, str | None]] = []
+        self.forgotten: set[int] = set()  # positions in self.turns deleted on request
 
     def text(self, i: int) -> str:
         turn, raw, ts = self.turns[i]
@@ -100,12 +121,24 @@ class _TurnStore(Method):
         self.turns.append((turn, f"User: {user}\nAssistant: {assistant}", ts))
         return {"parent_turn": None, "route": None}
 
+    def forget(self, turns: list[int]) -> None:
+        want = set(turns)
+        for i, (turn, _, ts) in enumerate(self.turns):
+            if turn in want and i not in self.forgotten:
+                self.turns[i] = (turn, "", ts)  # the text goes; positions stay (they are index row ids)
+                self.forgotten.add(i)
+                self._drop(i)
+
+    def _drop(self, i: int) -> None:
+        """Remove position i from the method's own index (none for the plain list)."""
+
 
 class FullContextMethod(_TurnStore):
     name = "full_context"
 
     def read(self, question, now, budget) -> ReadResult:
-        items = [(self.turns[i][0], self.text(i)) for i in range(len(self.turns) - 1, -1, -1)]
+        items = [(self.turns[i][0], self.text(i)) for i in range(len(self.turns) - 1, -1, -1)
+                 if i not in self.forgotten]
         used, kept = self.counter.count(f"Current time: {now}"), []
         for turn, text in items:  # most recent first, stop at the first turn that does not fit
             n = self.counter.count(text) + 1
@@ -144,6 +177,9 @@ class BM25Method(_TurnStore):
                 break
         return _pack(self.counter, f"Current time: {now}", items, budget)
 
+    def _drop(self, i: int) -> None:
+        self.db.execute("DELETE FROM t WHERE rowid=?", (i,))
+
     def close(self) -> None:
         self.db.close()
 
@@ -161,6 +197,9 @@ class DenseMethod(_TurnStore):
         self.vecs.append(self.embedder.encode([f"{user}\n{assistant}"])[0])
         return out
 
+    def _drop(self, i: int) -> None:
+        self.vecs[i] = np.zeros_like(self.vecs[i])
+
     def read(self, question, now, budget) -> ReadResult:
         if not self.vecs:
             return _pack(self.counter, f"Current time: {now}", [], budget)
@@ -168,6 +207,8 @@ class DenseMethod(_TurnStore):
         sims = np.stack(self.vecs) @ q
         items, used = [], 0
         for i in np.argsort(-sims):
+            if int(i) in self.forgotten:
+                continue
             text = self.text(int(i))
             used += self.counter.count(text)
             items.append((self.turns[int(i)][0], text))
@@ -176,15 +217,14 @@ class DenseMethod(_TurnStore):
         return _pack(self.counter, f"Current time: {now}", items, budget)
 
 
-class FactStoreMethod(Method):
+class FactStoreMethod(_ArborBacked):
     """Extraction + retrieval of atomic facts only: the runtime's extractors write facts, BM25 reads them."""
 
     name = "fact_store"
 
     def __init__(self, runtime_cfg: dict, components: dict, session_id: str, counter: TokenCounter):
-        self.mem = ArborMemory.open(":memory:", session_id, runtime_cfg, components=components)
+        super().__init__(runtime_cfg, components, session_id)
         self.counter = counter
-        self.turn_of: dict[int, int] = {}
 
     def observe(self, turn, user, assistant, ts, is_question) -> dict:
         node = self.mem.commit(user, assistant, Localization(None, "flat", 1.0), ts)  # no forest: every turn a root
@@ -195,9 +235,6 @@ class FactStoreMethod(Method):
         hits = self.mem.store.search_facts(self.mem.conv, question, 64)
         items = [(self.turn_of.get(f.sources[-1], -1), f"[{f.timestamps[-1]}] {f.text}") for f, _ in hits]
         return _pack(self.counter, f"Current time: {now}", items, budget)
-
-    def close(self) -> None:
-        self.mem.store.close()
 
 
 def build_method(name: str, runtime_cfg: dict, components: dict, session_id: str, counter: TokenCounter,

@@ -131,13 +131,25 @@ def build_answer_model(cfg: dict):
     return build_llm(cfg["llm"])
 
 
-def replay_session(sess: dict, method, answers, budget: int) -> tuple[list[dict], list[dict]]:
+def replay_session(sess: dict, method, answers, budget: int, apply_forget: bool = True) -> tuple[list[dict], list[dict]]:
+    """Replay one BranchMemEval session online: (question records, turn records).
+
+    A session with a forget request (data_gen/branchmem/forgetting.py) has the method `forget` the named
+    turns at the request (unless apply_forget is false: the no-deletion control), the answer cache
+    forget the answers built from them, and every later read is checked for the forgotten value (`leak`).
+    """
     from eval.scoring import answer_correct, context_flags, error_category
 
     branch = {t["index"]: t["branch"] for t in sess["turns"]}
     qinfo = {q["turn"]: q for q in sess["questions"]}
+    forget = sess.get("forget")
+    unit = f"{method.name}/{sess['session_id']}"
     qrecs, trecs = [], []
     for t in sess["turns"]:
+        if t.get("move") == "forget" and apply_forget:
+            method.forget(t["forget_turns"])
+            if answers is not None:
+                answers.forget(unit, t["forget_turns"])
         gold_parent = t["gold_parent"] if t["gold_parent"] >= 0 else None
         if t["is_question"]:
             q = qinfo[t["index"]]
@@ -151,11 +163,14 @@ def replay_session(sess: dict, method, answers, budget: int) -> tuple[list[dict]
                    "localization_correct": (None if r.selected_turn is None and method.name != "arbormem"
                                             else r.selected_turn is not None and branch.get(r.selected_turn) == q["branch"]),
                    "prediction": None}
+            if forget is not None:
+                rec["after_forget"] = t["index"] > forget["request_turn"]
+                rec["leak"] = rec["after_forget"] and context_flags(r.text, forget["value"], None)["gold_in_context"]
             if answers is not None:
                 def done(pred, rec=rec, q=q, text=r.text):
                     rec.update(prediction=pred, correct=answer_correct(pred, q["gold"], q["confounder"]),
                                error=error_category(pred, q["gold"], q["confounder"], text))
-                answers.ask(r.text, t["user"], done)
+                answers.ask(r.text, t["user"], done, sources=(unit, r.turn_ids))
             qrecs.append(rec)
         t0 = time.perf_counter()
         obs = method.observe(t["index"], t["user"], t["assistant"], t["timestamp"], t["is_question"])

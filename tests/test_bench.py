@@ -83,3 +83,30 @@ def test_gpu_check_script_runs_its_correctness_checks_on_the_cpu(smoke_data, tmp
     assert fp32["kernel"] == "per-example sdpa loop"
     moe = res["C_moe_lora"]
     assert moe["expert_lora_B"] > 0 and moe["expert_lora_B_with_grad"] == moe["expert_lora_B"]
+
+
+def test_runtime_bench_measures_forget_on_copies_of_the_forest(monkeypatch):
+    """Each forget count runs on a fresh copy: the measured forest keeps every node, and each copy lost
+    exactly the nodes its forget was given."""
+    from arbor_train.runtime import ArborMemory
+
+    forgot: list[tuple[int, int]] = []
+    real = ArborMemory.forget
+
+    def spy(self, **kw):
+        before = self.stats()["nodes"]
+        rep = real(self, **kw)
+        forgot.append((len(kw["nodes"]), before - self.stats()["nodes"]))
+        return rep
+
+    monkeypatch.setattr(ArborMemory, "forget", spy)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="bench", overrides=[
+            "target=runtime", "bench.sizes=[120]", "bench.window=10", "bench.queries=5", "bench.forget_counts=[1,7]",
+            "bench.forget_repeats=2", "~bench.profiles.minilm_cross_encoder"])
+    res = run(cfg)["heuristic"]["nodes_120"]
+    assert res["nodes"] == 120
+    assert forgot == [(1, 1), (1, 1), (7, 7), (7, 7)]
+    for k in ("nodes_1", "nodes_7"):
+        f = res["forget"][k]
+        assert f["repeats"] == 2 and f["ms_max"] >= f["ms_median"] > 0

@@ -413,3 +413,80 @@ def test_a_v2_memory_gains_its_provenance_on_open(tmp_path):
     assert s.get_meta("schema_version") == "3" and s.check() == []
     assert s.db.execute("SELECT * FROM provenance ORDER BY 1, 2, 3").fetchall() == want and want
     s.close()
+
+
+# ---------------------------------------------------------------------- the forgetting evaluation
+def _forget_sessions(smoke_data):
+    from data_gen.branchmem.forgetting import with_forget_request
+    from eval.run import load_sessions
+
+    sessions = load_sessions(smoke_data)
+    return [(s, with_forget_request(s, random.Random(i))) for i, s in enumerate(sessions)]
+
+
+def test_a_forget_request_session_deletes_every_mention_and_shifts_nothing_else(smoke_data):
+    from eval.scoring import mentions
+
+    pairs = [(s, f) for s, f in _forget_sessions(smoke_data) if f is not None]
+    assert pairs
+    for s, f in pairs:
+        fg = f["forget"]
+        turns = f["turns"]
+        assert [t["index"] for t in turns] == list(range(len(turns))) == list(range(len(s["turns"]) + 2))
+        req = turns[fg["request_turn"]]
+        assert req["move"] == "forget" and req["forget_turns"] == fg["turns"]
+        assert not mentions(req["user"], fg["value"])  # the request names the slot, never the value
+        said = [t["index"] for t in turns if mentions(t["user"] + "\n" + t["assistant"], fg["value"])]
+        assert said == fg["turns"] and max(said) < fg["request_turn"]  # nothing after the request says it
+        probe = f["questions"][-1]
+        assert probe["turn"] == len(turns) - 1 and probe["confounder"] == fg["value"]
+        assert probe["gold"] == ("unknown" if fg["type"] == "forgotten_fact" else probe["gold"]) != fg["value"]
+        for q0, q1 in zip(s["questions"], f["questions"]):  # the original questions, shifted past the request
+            assert f["turns"][q1["turn"]]["user"] == s["turns"][q0["turn"]]["user"]
+
+
+def test_forgetting_eval_prints_zero_leaks_for_deleting_methods(smoke_data, tmp_path):
+    from eval.forgetting import run as run_forgetting
+    from hydra import compose, initialize_config_dir
+
+    from arbor_train.paths import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="forgetting", overrides=[f"data_dir={smoke_data}", f"run_dir={tmp_path}",
+                                                           "methods=[arbormem,full_context,bm25,dense,fact_store]"])
+    res = run_forgetting(cfg)
+    rows = {r["method"]: r for r in res["rows"]}
+    for r in rows.values():
+        assert r["reads_after_request"] > 0
+        assert r["leak_rate"] == 0.0  # the request applied: no later read holds the value
+    assert all(r["leak_rate_no_deletion"] > 0 for r in rows.values())  # ignored, it leaks: the check is live
+    assert (tmp_path / "table.md").read_text().count("| arbormem |") == 1 and (tmp_path / "forgetting.png").exists()
+
+
+def test_answer_cache_forgets_answers_built_from_forgotten_turns(tmp_path):
+    from eval.answers import Answers
+
+    class Echo:
+        name, batch_size = "echo", 4
+
+        def chat(self, convs, max_new_tokens=8):
+            return [f"answer {len(c[1]['content'])}" for c in convs]
+
+    cache = tmp_path / "answers.sqlite"
+    a = Answers(Echo(), 8, cache, progress=False)
+    got = []
+    a.ask(f"ctx with {MARKER}", "q1", got.append, sources=("arbormem/s1", [3, 4]))
+    a.ask("ctx without", "q2", got.append, sources=("arbormem/s1", [5]))
+    a.flush()
+    assert a.forget("arbormem/s1", [4]) == 1
+    a.ask(f"ctx with {MARKER} again", "q3", got.append, sources=("arbormem/s1", [4]))
+    a.forget("arbormem/s1", [4])  # queued, not yet answered: answered, never stored
+    a.flush()
+    a.close()
+    import sqlite3
+
+    db = sqlite3.connect(cache)
+    assert db.execute("SELECT COUNT(*) FROM answers").fetchone()[0] == 1
+    assert db.execute("SELECT unit, turn FROM answer_sources").fetchall() == [("arbormem/s1", 5)]
+    db.close()
+    assert len(got) == 3

@@ -238,13 +238,16 @@ def _cascade(mem: "ArborMemory", chosen: set[int], forced: dict[str, set[int]], 
 
     new_roots: set[int] = set()
     touched_roots = old_roots - forgotten_roots
+    rebuilt: set[int] = set()
+    children.sort(key=lambda c: st.get_node(c[0]).seq)  # ancestors first: a subtree is rebuilt once
     for cid, pid in children:
         counts["nodes_reattached"] += 1
         if pid is None:
             new_roots.add(cid)
         elif db.execute("SELECT COUNT(*) FROM nodes WHERE parent_id=?", (pid,)).fetchone()[0] > 1:
             db.execute("INSERT OR IGNORE INTO forked_roots SELECT root_id FROM nodes WHERE id=?", (pid,))
-        counts["nodes_moved"] += _rebuild_subtree(mem, cid, pid)
+        if cid not in rebuilt:
+            counts["nodes_moved"] += _rebuild_subtree(mem, cid, pid, rebuilt)
     counts["new_roots"] = len(new_roots)
 
     # items that named a forgotten root as theirs follow their first surviving source
@@ -282,12 +285,17 @@ def _delete_item(st, table: str, iid: int, sources: list[int], counts: Counter) 
     db.execute(f"DELETE FROM {table} WHERE id=?", (iid,))
 
 
-def _rebuild_subtree(mem: "ArborMemory", top: int, parent_id: int | None) -> int:
-    """Depth, root, topic key and path summary of `top` (now below parent_id, or a root) and every
-    node below it, parents before children. Returns how many nodes were rewritten."""
+def _rebuild_subtree(mem: "ArborMemory", top: int, parent_id: int | None, done: set[int]) -> int:
+    """Depth, root, topic key and path summary of `top` (now below parent_id, or a root) and of the nodes
+    below it, parents before children. Returns how many nodes were rewritten one by one.
+
+    A path summary keeps only the newest part of a long trajectory, so a few nodes below the forgotten
+    one the rebuilt path equals the stored one again: from there on only the depth changes, by the same
+    amount for the whole subtree, and one UPDATE shifts it.
+    """
     st, db = mem.store, mem.store.db
     todo = [(top, parent_id)]
-    done = 0
+    rewritten = 0
     while todo:
         nid, pid = todo.pop()
         n = st.get_node(nid)
@@ -300,9 +308,18 @@ def _rebuild_subtree(mem: "ArborMemory", top: int, parent_id: int | None) -> int
             fields = {"parent_id": pid, "root_id": p.root_id, "depth": p.depth + 1, "topic_key": p.topic_key,
                       "path_summary": mem.roll_path(p.path_summary, n.node_summary)}
         db.execute(f"UPDATE nodes SET {', '.join(f'{k}=?' for k in fields)} WHERE id=?", (*fields.values(), nid))
-        done += 1
+        rewritten += 1
+        done.add(nid)
         kids = [int(r[0]) for r in db.execute("SELECT id FROM nodes WHERE parent_id=? ORDER BY seq", (nid,))]
         if len(kids) > 1:
             db.execute("INSERT OR IGNORE INTO forked_roots VALUES(?)", (fields["root_id"],))
+        same = (fields["root_id"], fields["topic_key"], fields["path_summary"]) == (n.root_id, n.topic_key, n.path_summary)
+        if same:  # the subtree below reads the same: shift its depth only
+            delta = fields["depth"] - n.depth
+            if delta:
+                db.execute("""WITH RECURSIVE down(id) AS (SELECT id FROM nodes WHERE parent_id = ? UNION ALL
+                              SELECT c.id FROM nodes c JOIN down ON c.parent_id = down.id)
+                              UPDATE nodes SET depth = depth + ? WHERE id IN (SELECT id FROM down)""", (nid, delta))
+            continue
         todo.extend((k, nid) for k in kids)
-    return done
+    return rewritten
