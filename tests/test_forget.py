@@ -490,3 +490,30 @@ def test_answer_cache_forgets_answers_built_from_forgotten_turns(tmp_path):
     assert db.execute("SELECT unit, turn FROM answer_sources").fetchall() == [("arbormem/s1", 5)]
     db.close()
     assert len(got) == 3
+
+
+def test_a_forgotten_node_leaves_the_chain_as_if_it_had_never_been_said(tmp_path):
+    """Rebuilt paths, topics and depths equal those of a memory that never saw the turn; past the
+    point where the path summary reads the same again, only depths shift (one UPDATE)."""
+    cfg = default_config()
+    cfg["path_summary_chars"] = 120
+    words = [f"step{i} {w}" for i, w in enumerate(["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf",
+                                                   "hotel", "india", "juliet", "kilo", "lima", "mike", "november"])]
+
+    def chain(path: Path, skip: int | None) -> list:
+        m = ArborMemory.open(path, "c1", cfg)
+        prev = None
+        for i, w in enumerate(words):
+            if i != skip:
+                prev = commit(m, f"note {w}", prev, extraction(f"summary of {w}", ["Oslo"]))
+        return m
+
+    full = chain(tmp_path / "a.sqlite", None)
+    rep = full.forget(nodes=[full.nodes()[3].id])
+    assert rep.counts["nodes_moved"] < len(words) - 4 and rep.counts["nodes_shifted"] > 0
+    never = chain(tmp_path / "b.sqlite", 3)
+    shape = lambda m: [(n.depth, n.topic_key, n.path_summary, n.node_summary) for n in m.nodes()]  # noqa: E731
+    assert shape(full) == shape(never)
+    assert full.store.check() == []
+    full.close()
+    never.close()

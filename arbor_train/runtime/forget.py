@@ -167,6 +167,7 @@ def forget(mem: "ArborMemory", nodes: list[int] | None = None, branch: int | Non
             report.counts["index_compacted"] = int(done["compacted"])
         busy, _, _ = st.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         report.counts["wal_checkpoint_busy"] = int(busy)  # 1: a reader held an old snapshot; retried on close
+        st.checkpoint_pending = bool(busy)
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -247,7 +248,7 @@ def _cascade(mem: "ArborMemory", chosen: set[int], forced: dict[str, set[int]], 
         elif db.execute("SELECT COUNT(*) FROM nodes WHERE parent_id=?", (pid,)).fetchone()[0] > 1:
             db.execute("INSERT OR IGNORE INTO forked_roots SELECT root_id FROM nodes WHERE id=?", (pid,))
         if cid not in rebuilt:
-            counts["nodes_moved"] += _rebuild_subtree(mem, cid, pid, rebuilt)
+            counts["nodes_moved"] += _rebuild_subtree(mem, cid, pid, rebuilt, counts)
     counts["new_roots"] = len(new_roots)
 
     # items that named a forgotten root as theirs follow their first surviving source
@@ -285,13 +286,13 @@ def _delete_item(st, table: str, iid: int, sources: list[int], counts: Counter) 
     db.execute(f"DELETE FROM {table} WHERE id=?", (iid,))
 
 
-def _rebuild_subtree(mem: "ArborMemory", top: int, parent_id: int | None, done: set[int]) -> int:
+def _rebuild_subtree(mem: "ArborMemory", top: int, parent_id: int | None, done: set[int], counts: Counter) -> int:
     """Depth, root, topic key and path summary of `top` (now below parent_id, or a root) and of the nodes
     below it, parents before children. Returns how many nodes were rewritten one by one.
 
     A path summary keeps only the newest part of a long trajectory, so a few nodes below the forgotten
     one the rebuilt path equals the stored one again: from there on only the depth changes, by the same
-    amount for the whole subtree, and one UPDATE shifts it.
+    amount for the whole subtree, and one UPDATE shifts it (counted in counts["nodes_shifted"]).
     """
     st, db = mem.store, mem.store.db
     todo = [(top, parent_id)]
@@ -317,9 +318,10 @@ def _rebuild_subtree(mem: "ArborMemory", top: int, parent_id: int | None, done: 
         if same:  # the subtree below reads the same: shift its depth only
             delta = fields["depth"] - n.depth
             if delta:
-                db.execute("""WITH RECURSIVE down(id) AS (SELECT id FROM nodes WHERE parent_id = ? UNION ALL
-                              SELECT c.id FROM nodes c JOIN down ON c.parent_id = down.id)
-                              UPDATE nodes SET depth = depth + ? WHERE id IN (SELECT id FROM down)""", (nid, delta))
+                cur = db.execute("""WITH RECURSIVE down(id) AS (SELECT id FROM nodes WHERE parent_id = ? UNION ALL
+                                    SELECT c.id FROM nodes c JOIN down ON c.parent_id = down.id)
+                                    UPDATE nodes SET depth = depth + ? WHERE id IN (SELECT id FROM down)""", (nid, delta))
+                counts["nodes_shifted"] += cur.rowcount
             continue
         todo.extend((k, nid) for k in kids)
     return rewritten
