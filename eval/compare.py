@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .methods import METHODS
+from .methods import MEMORY_METHODS
 
 SETS = {
-    "methods": [[f"method={m}"] for m in METHODS],
+    "methods": [[f"method={m}"] for m in MEMORY_METHODS],
     "ablations": [["ablation=full"]] + [[f"ablation={a}"] for a in (
         "state_localization", "routing", "atomic_facts", "structured_extraction", "structured_evidence")],
     "budgets": [[f"method={m}", f"budget={b}"] for m in ("arbormem", "full_context", "bm25", "dense")

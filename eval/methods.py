@@ -7,6 +7,7 @@ the runtime and the fact store through `ArborMemory.forget`, the flat baselines 
 
 - ArborMemoryMethod   the reference runtime (heuristic, prompted or tuned components; ablations)
 - FullContextMethod   the most recent turns that fit the budget
+- PreviousMessageMethod  full context that routes each turn to the one before it (IRC's baseline)
 - BM25Method          BM25 top-k turns (SQLite FTS5), packed by score
 - DenseMethod         embedding top-k turns (the runtime's embedder), packed by score
 - FactStoreMethod     extracted atomic facts (the runtime's extractors) retrieved by BM25, no forest
@@ -150,6 +151,18 @@ class FullContextMethod(_TurnStore):
         return ReadResult(f"Current time: {now}\n" + "\n".join(t for _, t in kept), used, [t for t, _ in kept])
 
 
+class PreviousMessageMethod(FullContextMethod):
+    """Routes every turn to the turn before it (the "previous message" baseline of reply-structure
+    benchmarks); reads like full context."""
+
+    name = "previous_message"
+
+    def observe(self, turn, user, assistant, ts, is_question) -> dict:
+        prev = self.turns[-1][0] if self.turns else None
+        super().observe(turn, user, assistant, ts, is_question)
+        return {"parent_turn": prev, "route": "previous" if prev is not None else "first"}
+
+
 class BM25Method(_TurnStore):
     name = "bm25"
 
@@ -243,6 +256,8 @@ def build_method(name: str, runtime_cfg: dict, components: dict, session_id: str
         return ArborMemoryMethod(runtime_cfg, components, session_id)
     if name == "full_context":
         return FullContextMethod(counter)
+    if name == "previous_message":
+        return PreviousMessageMethod(counter)
     if name == "bm25":
         return BM25Method(counter, prefilter)
     if name == "dense":
@@ -254,5 +269,6 @@ def build_method(name: str, runtime_cfg: dict, components: dict, session_id: str
     raise ConfigError(f"option method must be one of {', '.join(METHODS)}; got {name!r}")
 
 
-METHODS = ("arbormem", "full_context", "bm25", "dense", "fact_store")
+MEMORY_METHODS = ("arbormem", "full_context", "bm25", "dense", "fact_store")  # `eval.compare methods`
+METHODS = MEMORY_METHODS + ("previous_message",)
 

@@ -24,7 +24,7 @@ from arbor_train.errors import (ConfigError, MissingInputError, conf_options, en
                                 parse_float, parse_int)
 from arbor_train.paths import CONF_DIR
 
-BENCHMARKS = ("branchmem", "locomo", "longmemeval", "beam")
+BENCHMARKS = ("branchmem", "locomo", "longmemeval", "beam", "irc")
 LLM_BACKENDS = ("hf", "openai")
 
 
@@ -365,10 +365,52 @@ def _load_beam(path):
     return load_beam_dir(path)
 
 
+def _load_irc(path):
+    from eval.benchmarks.irc import load_irc
+
+    return load_irc(path)
+
+
+def replay_irc(f, method, answers, judge, budget: int, c: dict) -> list[dict]:
+    """Ubuntu IRC disentanglement, online: every message (lines 0-999 are context) is routed from the
+    committed prefix by `observe`, then committed; the chosen state is the reply-to link (a new root: a
+    self-link). System lines are not committed and link to themselves. One record per annotated line."""
+    recs = []
+    for m in f.messages:
+        route, parent = "system", m.line
+        if not m.system:
+            text = f"{m.speaker}: {m.text}" if m.speaker else m.text
+            t0 = time.perf_counter()
+            obs = method.observe(m.line, text, "", m.time, False)
+            route = obs["route"]
+            parent = obs["parent_turn"] if obs["parent_turn"] is not None else m.line
+            ingest_s = time.perf_counter() - t0
+        else:
+            ingest_s = 0.0
+        if m.line in f.parents:
+            recs.append({"file": f.name, "line": m.line, "gold": sorted(f.parents[m.line]), "pred": [parent],
+                         "route": route, "ingest_s": ingest_s})
+    return recs
+
+
+def summarize_irc(recs: list[dict]) -> dict[str, Any]:
+    from eval.benchmarks.irc import score_links
+
+    by_file: dict[str, tuple[dict, dict]] = {}
+    for r in recs:
+        gold, pred = by_file.setdefault(r["file"], ({}, {}))
+        gold[r["line"]], pred[r["line"]] = set(r["gold"]), set(r["pred"])
+    out = score_links([(name, g, p) for name, (g, p) in sorted(by_file.items())])
+    out["routes"] = dict(Counter(r["route"] for r in recs))
+    out["ingest_s_per_turn"] = round(sum(r["ingest_s"] for r in recs) / max(1, len(recs)), 5)
+    return out
+
+
 # benchmark -> (loader of its conversations, replay of one conversation); BranchMemEval replays sessions
 CONVERSATION_PROTOCOLS = {"locomo": (_load_locomo, replay_locomo),
                           "longmemeval": (_load_longmemeval, replay_longmemeval),
-                          "beam": (_load_beam, replay_beam)}
+                          "beam": (_load_beam, replay_beam),
+                          "irc": (_load_irc, replay_irc)}
 
 
 def summarize(qrecs: list[dict], trecs: list[dict]) -> dict[str, Any]:
@@ -447,7 +489,7 @@ def run(cfg: DictConfig) -> dict:
         answers.close()
     elapsed = time.perf_counter() - t0
     summary = {"locomo": lambda: summarize_locomo(qrecs), "longmemeval": lambda: summarize_longmemeval(qrecs),
-               "beam": lambda: summarize_beam(qrecs),
+               "beam": lambda: summarize_beam(qrecs), "irc": lambda: summarize_irc(qrecs),
                "branchmem": lambda: summarize(qrecs, trecs)}[c["benchmark"]]()
     res = {"benchmark": c["benchmark"], "method": c["method"], "ablation": c["ablation"]["name"], "budget": c["budget"],
            "runtime_profile": c["runtime_profile"], "answer_model": c["answer_model"]["kind"],

@@ -1,0 +1,161 @@
+"""python -m data_gen.irc input=../shared/data/irc out_dir=outputs/data/irc [splits=[train,dev]]
+
+Ubuntu IRC reply structure (Kummerfeld et al., ACL 2019; CC-BY-4.0) as supervision in this toolkit's
+formats, one folder per split:
+- `conversations`: each file in the common conversation schema (eval/benchmarks/schema.py): one session,
+  one turn per line with its speaker (`turn_id` = the line number; system lines have speaker "system"
+  and `meta.system_lines` lists them), `meta.parents` the gold reply-to links;
+- `routing`: the reranker's training format. Each annotated message is replayed online through the
+  runtime (lines 0-999 are context, committed like the rest): the candidates are what
+  `ArborMemory.localize` recalls at that moment (the gold parent added, `recalled` false, when recall
+  missed it), `gold_parent` the annotated parent's line (-1: the message starts a conversation),
+  `gold_states` every annotated parent. The replay is teacher-forced: each message is committed below
+  its first gold parent (a context line with no link attaches where the runtime routes it), so later
+  candidates come from the true forest. System lines are neither committed nor labelled.
+A dataset card with counts goes beside them. Malformed lines and links that point forward or outside
+their file fail naming the file and line (eval/benchmarks/irc.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from arbor_train.errors import (ConfigError, MissingInputError, OutputExistsError, conf_options, entry_point,
+                                parse_bool, parse_choice, parse_int)
+from arbor_train.paths import CONF_DIR
+
+
+def message_text(m) -> str:
+    """What the runtime reads of a message: the speaker, then the text ("alice: try sudo apt update")."""
+    return f"{m.speaker}: {m.text}" if m.speaker else m.text
+
+
+def conversation_row(f) -> dict:
+    from eval.benchmarks.schema import Conversation, Session, Turn
+
+    turns = [Turn(turn_id=str(m.line), speaker="system" if m.system else (m.speaker or "unknown"), text=m.text)
+             for m in f.messages]
+    conv = Conversation(conversation_id=f.name, speakers=sorted({m.speaker for m in f.messages if m.speaker}),
+                        sessions=[Session(session_id=f"{f.name}:0", date_time=f.name[:10], turns=turns)],
+                        meta={"system_lines": [m.line for m in f.messages if m.system],
+                              "parents": {str(c): sorted(ps) for c, ps in sorted(f.parents.items())}})
+    return {"conversation_id": f.name, "document": json.dumps(conv.to_json(), sort_keys=True)}
+
+
+def routing_rows(f, runtime_cfg: dict, comps: dict, counts: Counter) -> list[dict]:
+    from arbor_train.runtime import ArborMemory, Localization
+    from data_gen.branchmem.mine import candidate_row, gold_candidate
+
+    mem = ArborMemory.open(":memory:", f.name, runtime_cfg, components=comps)
+    node_of: dict[int, int] = {}
+    turn_of: dict[int, int] = {}
+    rows = []
+    try:
+        for m in f.messages:
+            if m.system:
+                continue
+            text = message_text(m)
+            loc = mem.localize(text)
+            parents = sorted(p for p in f.parents.get(m.line, ()) if p != m.line and p in node_of)
+            if m.line in f.parents:
+                gold = parents[0] if parents else -1
+                cands = [candidate_row(c, turn_of) for c in loc.candidates]
+                have = {c["turn"] for c in cands}
+                for p in parents:
+                    if p not in have:
+                        cands.append(gold_candidate(mem, node_of[p], turn_of))
+                chosen = turn_of.get(loc.parent_id) if loc.parent_id is not None else None
+                rows.append({"session_id": f.name, "turn": m.line, "input": text, "timestamp": m.time,
+                             "candidates": cands, "gold_parent": gold, "gold_states": parents or [-1],
+                             "runtime_choice": -1 if chosen is None else chosen, "route": loc.route,
+                             "gold_recalled": gold == -1 or any(c["turn"] == gold and c["recalled"] for c in cands),
+                             "label_rule": "irc_annotation"})
+                counts["messages"] += 1
+                counts["new_conversation"] += gold == -1
+                counts["multi_parent"] += len(parents) > 1
+                counts["gold_recalled"] += rows[-1]["gold_recalled"]
+                loc = Localization(node_of[gold], "gold", 1.0) if gold != -1 else Localization(None, "gold", 1.0)
+            node = mem.commit(text, "", loc, m.time)
+            node_of[m.line], turn_of[node.id] = node.id, m.line
+    finally:
+        mem.store.close()
+    return rows
+
+
+def card(stats: dict, source: str) -> str:
+    lines = ["# Ubuntu IRC reply structure: routing supervision", "",
+             f"Source: {source} (Kummerfeld et al., ACL 2019, \"A Large-Scale Corpus for Conversation "
+             "Disentanglement\"; CC-BY-4.0). Converted by `python -m data_gen.irc`.", "",
+             "| split | files | lines | annotated | new conversations | several parents | gold recalled |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for split, s in stats["splits"].items():
+        lines.append(f"| {split} | {s['files']} | {s['lines']:,} | {s['messages']:,} | {s['new_conversation']:,} | "
+                     f"{s['multi_parent']:,} | {s['gold_recalled'] / max(1, s['messages']):.3f} |")
+    lines += ["", "`gold recalled`: the share of annotated messages whose gold parent was among the runtime's "
+              f"recalled candidates (profile `{stats['runtime_profile']}`), or that start a conversation."]
+    return "\n".join(lines) + "\n"
+
+
+def run(cfg: DictConfig) -> dict:
+    from data_gen.io import quiet
+
+    with quiet():
+        return _run(cfg)
+
+
+def _run(cfg: DictConfig) -> dict:
+    from tqdm import tqdm
+
+    from arbor_train.runtime import build_components, default_config
+    from data_gen.io import write_sets
+    from eval.benchmarks.irc import load_irc
+
+    if OmegaConf.is_missing(cfg, "input") or not cfg.input:
+        raise ConfigError("option input (the folder holding train/ and dev/) is required, e.g. input=../shared/data/irc")
+    src = Path(str(cfg.input))
+    if not src.is_dir():
+        raise MissingInputError(f"option input={str(src)!r}: no such folder")
+    if isinstance(cfg.splits, str) or not cfg.splits:
+        raise ConfigError(f"option splits must be a non-empty list of split folders, got {cfg.splits!r}")
+    splits = [str(s) for s in cfg.splits]
+    for s in splits:
+        if not (src / s).is_dir():
+            raise MissingInputError(f"option splits: {src / s} is not a folder")
+    overwrite, progress = parse_bool(cfg.overwrite, "overwrite"), parse_bool(cfg.progress, "progress")
+    parse_choice(cfg.runtime_profile, "runtime_profile", conf_options("runtime"))
+    max_files = None if cfg.max_files is None else parse_int(cfg.max_files, "max_files", minimum=1)
+    out = Path(str(cfg.out_dir))
+    if out.exists() and not overwrite:  # fail before any work
+        raise OutputExistsError(f"out_dir={str(out)!r} already exists; pass overwrite=true to replace it")
+    files = {s: load_irc(src / s)[:max_files] for s in splits}  # every file parsed before anything is written
+    runtime_cfg = default_config(cfg.runtime_profile)
+    comps = build_components(runtime_cfg)
+    stats: dict = {"runtime_profile": cfg.runtime_profile, "splits": {}}
+    for split, fs in files.items():
+        counts: Counter = Counter()
+        rows = {"conversations": [conversation_row(f) for f in fs], "routing": []}
+        for f in tqdm(fs, desc=f"irc {split}", unit="file", disable=not progress):
+            rows["routing"] += routing_rows(f, runtime_cfg, comps, counts)
+        s = {"files": len(fs), "lines": sum(len(f.messages) for f in fs), **{k: counts[k] for k in (
+            "messages", "new_conversation", "multi_parent", "gold_recalled")}}
+        stats["splits"][split] = s
+        write_sets(out / split, rows, s, card({"runtime_profile": cfg.runtime_profile, "splits": {split: s}},
+                                                str(src / split)), overwrite)
+    (out / "README.md").write_text(card(stats, str(src)))
+    print(card(stats, str(src)))
+    return stats
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="irc", version_base="1.3")
+@entry_point
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""Ubuntu IRC reply structure (issue #16): loader errors, the metrics on hand-worked cases, and the
+benchmark's "previous message" row against the corpus paper's dev figure."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from arbor_train.paths import REPO_ROOT
+from eval.benchmarks.irc import load_irc, load_irc_file, previous_message_links, score_links
+from eval.benchmarks.schema import BenchmarkFormatError
+
+IRC = REPO_ROOT.parent / "shared" / "data" / "irc"
+
+
+def write_pair(d: Path, name: str, lines: list[str], links: list[str]) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"{name}.ascii.txt").write_text("\n".join(lines) + "\n")
+    (d / f"{name}.annotation.txt").write_text("\n".join(links) + "\n")
+    return d / f"{name}.ascii.txt"
+
+
+def test_message_kinds_are_parsed(tmp_path):
+    p = write_pair(tmp_path, "a", ["[10:00] <alice> hi all", "=== bob has joined #ubuntu", "[10:01]  * carol waves",
+                                   "[10:02] <dave>", "[10:03] (erin/#ubuntu) relayed", "[10:04] -frank:#ubuntu- notice"],
+                   ["0 1 -", "1 1 -", "2 2 -", "2 3 -", "4 4 - ", "4 5 -"])
+    f = load_irc_file(p)
+    assert [(m.speaker, m.system, m.text) for m in f.messages] == [
+        ("alice", False, "hi all"), (None, True, "bob has joined #ubuntu"), ("carol", False, "waves"),
+        ("dave", False, ""), ("erin", False, "relayed"), ("frank", False, "notice")]
+    assert f.parents == {1: {0, 1}, 2: {2}, 3: {2}, 4: {4}, 5: {4}}
+
+
+@pytest.mark.parametrize("lines, links, msg", [
+    (["[10:00] <a> x", "hello there"], ["1 1 -"], r"a\.ascii\.txt: line 1: not an IRC message"),
+    (["[10:00] <a> x", "[25:00] <b> y"], ["1 1 -"], r"line 1: time \[25:00\] is not a time of day"),
+    (["[10:00] <a> x", "[10:01] <b> y"], ["1 0 -"], r"a\.annotation\.txt: line 0: link 1 -> 0 points forward"),
+    (["[10:00] <a> x", "[10:01] <b> y"], ["0 1 -", "1 7 -"], r"line 1: link 1 -> 7 points outside a\.ascii\.txt"),
+    (["[10:00] <a> x"], ["0 x -"], r"line 0: expected 'PARENT CHILD -'"),
+])
+def test_malformed_files_name_the_file_and_line(tmp_path, lines, links, msg):
+    with pytest.raises(BenchmarkFormatError, match=msg):
+        load_irc_file(write_pair(tmp_path, "a", lines, links))
+
+
+def test_metrics_on_hand_worked_files():
+    # file A: lines 0-1 context, 2-5 annotated. gold 2<-0, 3<-3, 4<-2, 5<-3; predicted 2<-1, 3<-3, 4<-2, 5<-4
+    gold_a = {2: {0}, 3: {3}, 4: {2}, 5: {3}}
+    pred_a = {2: {1}, 3: {3}, 4: {2}, 5: {4}}
+    # file B: predicted exactly: conversations {1, 2} and {3}
+    gold_b = {1: {1}, 2: {1}, 3: {3}}
+    res = score_links([("A", gold_a, pred_a), ("B", gold_b, dict(gold_b))])
+    # links pooled: A 2 of 4 right, B 3 of 3: P = R = 5/7
+    assert res["link_precision"] == res["link_recall"] == res["link_f1"] == round(100 * 5 / 7, 2)
+    # A: gold conversations {2,4} {3,5}; predicted {2,4,5} {3}. VI by hand, 1 - VI / log 4
+    vi = (0.5 * -math.log(0.5 / 0.75) + 0.25 * -(math.log(0.25 / 0.75) + math.log(0.25 / 0.5))
+          + 0.25 * -math.log(0.25 / 0.5))
+    assert res["one_minus_vi"] == round(100 * ((1 - vi / math.log(4)) + 1.0) / 2, 2)  # B is perfect: 1
+    assert res["one_to_one"] == round(100 * (3 / 4 + 1.0) / 2, 2)  # A: {2,4}<->{2,4,5} (2) + {3,5}<->{3} (1)
+    # exact match over conversations of 2+: A none, B {1,2} matched exactly
+    assert (res["exact_precision"], res["exact_recall"], res["exact_f1"]) == (50.0, 50.0, 50.0)
+
+
+def test_previous_message_skips_system_lines_and_system_lines_link_to_themselves(tmp_path):
+    p = write_pair(tmp_path, "a", ["[10:00] <a> x", "=== b joined", "[10:01] <c> y", "=== d left"],
+                   ["1 1 -", "0 2 -", "3 3 -"])
+    assert previous_message_links(load_irc_file(p)) == {1: {1}, 2: {0}, 3: {3}}
+
+
+@pytest.mark.skipif(not (IRC / "dev").is_dir(), reason="../shared/data/irc is not beside the repository")
+def test_benchmark_previous_message_row_reproduces_the_published_dev_figure(tmp_path):
+    """`python -m eval.run benchmark=irc split=dev method=previous_message`: 30.2 link F in the paper."""
+    from test_eval_run import ecfg
+
+    from eval.run import run
+
+    res = run(ecfg(tmp_path, tmp_path / "run", "benchmark=irc", "split=dev", "method=previous_message"))
+    assert res["files"] == 10 and res["messages"] == 2500
+    assert abs(res["link_f1"] - 30.2) <= 0.2
+    direct = load_irc(IRC / "dev")  # the scorer on the loader's own baseline agrees with the replay
+    from eval.benchmarks.irc import score
+
+    assert score(direct, {f.name: previous_message_links(f) for f in direct})["link_f1"] == res["link_f1"]
+
+
+def icfg(src, out, *o):
+    from hydra import compose, initialize_config_dir
+
+    from arbor_train.paths import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="irc", overrides=[f"input={src}", f"out_dir={out}", "progress=false", *o])
+
+
+def test_converter_writes_conversations_and_routing_rows_in_the_reranker_format(tmp_path):
+    from data_gen.io import read_rows
+    from data_gen.irc import run
+
+    lines = ["[10:00] <alice> how do I mount a usb disk?", "=== bob has joined #ubuntu",
+             "[10:01] <carol> anyone using pulseaudio on 9.04?", "[10:02] <dave> alice: use the mount command",
+             "[10:03] <alice> dave: thanks, mount worked", "[10:04] <erin> carol: yes, pulseaudio is fine"]
+    write_pair(tmp_path / "irc" / "dev", "2009-01-01_00", lines,
+               ["1 1 -", "2 2 -", "0 3 -", "3 4 -", "2 5 -", "4 5 -"])
+    stats = run(icfg(tmp_path / "irc", tmp_path / "out", "splits=[dev]"))
+    s = stats["splits"]["dev"]
+    assert (s["files"], s["lines"], s["messages"], s["new_conversation"], s["multi_parent"]) == (1, 6, 4, 1, 1)
+    rows = read_rows(tmp_path / "out" / "dev" / "jsonl" / "routing.jsonl", "routing")
+    assert [(r["turn"], r["gold_parent"], r["gold_states"]) for r in rows] == [
+        (2, -1, [-1]), (3, 0, [0]), (4, 3, [3]), (5, 2, [2, 4])]
+    assert rows[1]["input"] == "dave: alice: use the mount command"
+    for r in rows:  # the gold parent is always among the candidates (recalled or added)
+        assert r["gold_parent"] == -1 or r["gold_parent"] in {c["turn"] for c in r["candidates"]}
+    (conv,) = read_rows(tmp_path / "out" / "dev" / "jsonl" / "conversations.jsonl", "conversations")
+    doc = json.loads(conv["document"])
+    assert doc["meta"]["system_lines"] == [1] and doc["meta"]["parents"]["5"] == [2, 4]
+    assert "| dev | 1 | 6 | 4 | 1 | 1 |" in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_converter_refuses_a_forward_link_before_writing(tmp_path):
+    from data_gen.irc import run
+
+    write_pair(tmp_path / "irc" / "dev", "x", ["[10:00] <a> x", "[10:01] <b> y"], ["1 0 -"])
+    with pytest.raises(BenchmarkFormatError, match=r"x\.annotation\.txt: line 0: link 1 -> 0 points forward"):
+        run(icfg(tmp_path / "irc", tmp_path / "out", "splits=[dev]"))
+    assert not (tmp_path / "out").exists()
