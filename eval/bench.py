@@ -70,7 +70,7 @@ def bench_forget(mem, b: DictConfig, scratch: Path) -> dict:
     Each count starts from a fresh copy of the file (and its index), so earlier forgets do not shrink the
     forest; nodes are drawn at random from the whole forest, so the cascade re-attaches children and
     re-summarizes their subtrees as a user's deletions would. `moved` counts the nodes re-summarized,
-    `shifted` those below them whose depth alone changed (the cascade's work beyond the deleted rows).
+    `depth_fixed` the nodes whose depth changed (the cascade's work beyond the deleted rows).
     """
     import shutil
 
@@ -94,14 +94,14 @@ def bench_forget(mem, b: DictConfig, scratch: Path) -> dict:
             r = m.forget(nodes=pick)
             times.append(time.perf_counter() - t)
             moved.append(r.counts["nodes_moved"])
-            shifted.append(r.counts["nodes_shifted"])
+            shifted.append(r.counts["nodes_depth_fixed"])
             compacted += r.counts["index_compacted"]
             m.close()
             shutil.rmtree(copy.parent)
         out[f"nodes_{count}"] = {"ms_median": round(1000 * statistics.median(times), 2),
                                  "ms_max": round(1000 * max(times), 2),
                                  "ms_per_node": round(1000 * statistics.median(times) / count, 3),
-                                 "moved_median": statistics.median(moved), "shifted_median": statistics.median(shifted),
+                                 "moved_median": statistics.median(moved), "depth_fixed_median": statistics.median(shifted),
                                  "index_rebuilds": compacted,
                                  "repeats": len(times)}
     return out

@@ -248,7 +248,9 @@ def _cascade(mem: "ArborMemory", chosen: set[int], forced: dict[str, set[int]], 
         elif db.execute("SELECT COUNT(*) FROM nodes WHERE parent_id=?", (pid,)).fetchone()[0] > 1:
             db.execute("INSERT OR IGNORE INTO forked_roots SELECT root_id FROM nodes WHERE id=?", (pid,))
         if cid not in rebuilt:
-            counts["nodes_moved"] += _rebuild_subtree(mem, cid, pid, rebuilt, counts)
+            counts["nodes_moved"] += _rebuild_subtree(mem, cid, pid, rebuilt)
+    if children:
+        counts["nodes_depth_fixed"] = _fix_depths(db, [c for c, _ in children])
     counts["new_roots"] = len(new_roots)
 
     # items that named a forgotten root as theirs follow their first surviving source
@@ -286,13 +288,13 @@ def _delete_item(st, table: str, iid: int, sources: list[int], counts: Counter) 
     db.execute(f"DELETE FROM {table} WHERE id=?", (iid,))
 
 
-def _rebuild_subtree(mem: "ArborMemory", top: int, parent_id: int | None, done: set[int], counts: Counter) -> int:
-    """Depth, root, topic key and path summary of `top` (now below parent_id, or a root) and of the nodes
-    below it, parents before children. Returns how many nodes were rewritten one by one.
+def _rebuild_subtree(mem: "ArborMemory", top: int, parent_id: int | None, done: set[int]) -> int:
+    """Root, topic key and path summary of `top` (now below parent_id, or a root) and of the nodes below
+    it, parents before children. Returns how many nodes were rewritten one by one.
 
     A path summary keeps only the newest part of a long trajectory, so a few nodes below the forgotten
-    one the rebuilt path equals the stored one again: from there on only the depth changes, by the same
-    amount for the whole subtree, and one UPDATE shifts it (counted in counts["nodes_shifted"]).
+    one the rebuilt path equals the stored one again: below that point nothing but the depth changes,
+    and `_fix_depths` sets every depth of the moved subtrees in one pass at the end.
     """
     st, db = mem.store, mem.store.db
     todo = [(top, parent_id)]
@@ -315,13 +317,31 @@ def _rebuild_subtree(mem: "ArborMemory", top: int, parent_id: int | None, done: 
         if len(kids) > 1:
             db.execute("INSERT OR IGNORE INTO forked_roots VALUES(?)", (fields["root_id"],))
         same = (fields["root_id"], fields["topic_key"], fields["path_summary"]) == (n.root_id, n.topic_key, n.path_summary)
-        if same:  # the subtree below reads the same: shift its depth only
-            delta = fields["depth"] - n.depth
-            if delta:
-                cur = db.execute("""WITH RECURSIVE down(id) AS (SELECT id FROM nodes WHERE parent_id = ? UNION ALL
-                                    SELECT c.id FROM nodes c JOIN down ON c.parent_id = down.id)
-                                    UPDATE nodes SET depth = depth + ? WHERE id IN (SELECT id FROM down)""", (nid, delta))
-                counts["nodes_shifted"] += cur.rowcount
-            continue
-        todo.extend((k, nid) for k in kids)
+        if not same:  # else the subtree below reads the same: only its depths change (_fix_depths)
+            todo.extend((k, nid) for k in kids)
     return rewritten
+
+
+def _fix_depths(db, tops: list[int]) -> int:
+    """Depth = parent's depth + 1 over the subtrees of the re-attached children, each node visited once
+    (nested subtrees are one pass, not one per forgotten ancestor); returns the rows changed."""
+    db.execute("CREATE TEMP TABLE IF NOT EXISTS forget_moved(id INTEGER PRIMARY KEY)")
+    db.execute("CREATE TEMP TABLE IF NOT EXISTS forget_depth(id INTEGER PRIMARY KEY, depth INTEGER NOT NULL)")
+    db.execute("DELETE FROM forget_moved")
+    db.execute("DELETE FROM forget_depth")
+    db.executemany("INSERT OR IGNORE INTO forget_moved VALUES(?)", [(t,) for t in tops])
+    db.execute("""INSERT OR IGNORE INTO forget_moved WITH RECURSIVE down(id) AS (SELECT id FROM forget_moved
+                  UNION SELECT c.id FROM nodes c JOIN down ON c.parent_id = down.id) SELECT id FROM down""")
+    db.execute("""INSERT INTO forget_depth WITH RECURSIVE d(id, depth) AS (
+                    SELECT n.id, COALESCE((SELECT p.depth + 1 FROM nodes p WHERE p.id = n.parent_id), 0)
+                    FROM forget_moved m JOIN nodes n ON n.id = m.id
+                    WHERE n.parent_id IS NULL OR n.parent_id NOT IN (SELECT id FROM forget_moved)
+                  UNION ALL SELECT c.id, d.depth + 1 FROM nodes c JOIN d ON c.parent_id = d.id)
+                  SELECT id, depth FROM d""")
+    cur = db.execute("""UPDATE nodes SET depth = (SELECT depth FROM forget_depth f WHERE f.id = nodes.id)
+                        WHERE id IN (SELECT id FROM forget_depth)
+                        AND depth <> (SELECT depth FROM forget_depth f WHERE f.id = nodes.id)""")
+    changed = cur.rowcount
+    db.execute("DELETE FROM forget_moved")
+    db.execute("DELETE FROM forget_depth")
+    return changed

@@ -167,6 +167,7 @@ class Store:
         self.db.execute(f"PRAGMA synchronous={synchronous}")
         self.db.execute("PRAGMA foreign_keys=ON")
         self.db.execute("PRAGMA secure_delete=ON")  # freed pages are zeroed: deleted text leaves the file
+        self.db.execute("PRAGMA temp_store=MEMORY")  # no temporary file ever holds a row
         self._in_tx = False
         self._lock_fd: int | None = None
         try:
