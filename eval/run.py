@@ -471,7 +471,9 @@ def run(cfg: DictConfig) -> dict:
         if c["benchmark"] in CONVERSATION_PROTOCOLS:
             load, replay = CONVERSATION_PROTOCOLS[c["benchmark"]]
             convs = load(c[c["benchmark"]]["input"])[: c["max_sessions"] or None]
-            for conv in convs:
+            from tqdm import tqdm
+
+            for conv in tqdm(convs, desc=f"{c['benchmark']} {c['method']}", unit="conversation", disable=None):
                 m = build_method(c["method"], runtime_cfg, comps, conv.conversation_id, counter, c["prefilter"])
                 qrecs += replay(conv, m, answers, judge, c["budget"], c)
                 m.close()

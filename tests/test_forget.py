@@ -517,3 +517,29 @@ def test_a_forgotten_node_leaves_the_chain_as_if_it_had_never_been_said(tmp_path
     assert full.store.check() == []
     full.close()
     never.close()
+
+
+def test_search_widens_then_narrows_when_deleted_labels_cut_the_graph(tmp_path):
+    """hnswlib raises when it reaches fewer than k live results (deleted labels can cut its paths):
+    the index searches wider, then asks for fewer, instead of failing the read."""
+    mem = ArborMemory.open(tmp_path / "m.sqlite", "c1", default_config())
+    for w in ("alpha", "bravo", "charlie", "delta"):
+        commit(mem, f"note {w}", None, extraction(w))
+    real, calls = mem.index.index, []
+
+    class Cut:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def knn_query(self, q, k):
+            calls.append((k, real.ef))
+            if k > 2 or real.ef < 256:
+                raise RuntimeError("Cannot return the results in a contiguous 2D array. Probably ef or M is too small")
+            return real.knn_query(q, k=k)
+
+    mem.index.index = Cut()
+    hits = mem.index.search(mem.embed("note alpha"), 4)
+    assert len(hits) == 2 and calls[0] == (4, 64) and calls[-1][0] == 2
+    assert real.ef == 64  # the configured ef is restored
+    mem.index.index = real
+    mem.close()

@@ -155,7 +155,26 @@ class VectorIndex:
         if n <= 0:
             return []
         k = min(k, n)
-        labels, dist = self.index.knn_query(vec.reshape(1, -1).astype(np.float32), k=k)
+        q = vec.reshape(1, -1).astype(np.float32)
+        ef = self.ef_search
+        try:
+            while True:
+                try:
+                    labels, dist = self.index.knn_query(q, k=k)
+                    break
+                except RuntimeError:
+                    # fewer than k live results reached: deleted labels can cut the graph's paths. Search
+                    # wider first, then ask for fewer
+                    if ef < 8 * max(k, self.ef_search):
+                        ef *= 2
+                        self.index.set_ef(ef)
+                    elif k > 1:
+                        k //= 2
+                    else:
+                        return []
+        finally:
+            if ef != self.ef_search:
+                self.index.set_ef(self.ef_search)
         return [(int(l), float(1.0 - d)) for l, d in zip(labels[0], dist[0])]
 
 
