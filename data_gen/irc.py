@@ -60,7 +60,7 @@ def routing_rows(f, runtime_cfg: dict, comps: dict, counts: Counter) -> list[dic
             if m.system:
                 continue
             text = message_text(m)
-            loc = mem.localize(text)
+            loc = mem.localize(text, speaker=m.speaker)
             parents = sorted(p for p in f.parents.get(m.line, ()) if p != m.line and p in node_of)
             if m.line in f.parents:
                 gold = parents[0] if parents else -1
@@ -80,7 +80,7 @@ def routing_rows(f, runtime_cfg: dict, comps: dict, counts: Counter) -> list[dic
                 counts["multi_parent"] += len(parents) > 1
                 counts["gold_recalled"] += rows[-1]["gold_recalled"]
                 loc = Localization(node_of[gold], "gold", 1.0) if gold != -1 else Localization(None, "gold", 1.0)
-            node = mem.commit(text, "", loc, m.time)
+            node = mem.commit(text, "", loc, m.time, speaker=m.speaker)
             node_of[m.line], turn_of[node.id] = node.id, m.line
     finally:
         mem.store.close()

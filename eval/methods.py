@@ -37,7 +37,9 @@ class ReadResult:
 class Method:
     name = "method"
 
-    def observe(self, turn: int, user: str, assistant: str, ts: str | None, is_question: bool) -> dict:
+    def observe(self, turn: int, user: str, assistant: str, ts: str | None, is_question: bool,
+                speaker: str | None = None) -> dict:
+        """Commit one turn; `speaker` names who said it in group chats (the runtime stores it)."""
         raise NotImplementedError
 
     def read(self, question: str, now: str | None, budget: int) -> ReadResult:
@@ -90,10 +92,11 @@ class ArborMemoryMethod(_ArborBacked):
         self.name = "arbormem"
         self._pending: Localization | None = None
 
-    def observe(self, turn, user, assistant, ts, is_question) -> dict:
-        loc = self._pending if (is_question and self._pending is not None) else self.mem.localize(user)
+    def observe(self, turn, user, assistant, ts, is_question, speaker=None) -> dict:
+        loc = (self._pending if (is_question and self._pending is not None)
+               else self.mem.localize(user, speaker=speaker))
         self._pending = None
-        node = self.mem.commit(user, assistant, loc, ts)
+        node = self.mem.commit(user, assistant, loc, ts, speaker=speaker)
         self.turn_of[node.id] = turn
         return {"parent_turn": self.turn_of.get(loc.parent_id) if loc.parent_id is not None else None,
                 "route": loc.route}
@@ -118,7 +121,7 @@ class _TurnStore(Method):
         turn, raw, ts = self.turns[i]
         return f"[{ts}] {raw}" if ts else raw
 
-    def observe(self, turn, user, assistant, ts, is_question) -> dict:
+    def observe(self, turn, user, assistant, ts, is_question, speaker=None) -> dict:
         self.turns.append((turn, f"User: {user}\nAssistant: {assistant}", ts))
         return {"parent_turn": None, "route": None}
 
@@ -157,7 +160,7 @@ class PreviousMessageMethod(FullContextMethod):
 
     name = "previous_message"
 
-    def observe(self, turn, user, assistant, ts, is_question) -> dict:
+    def observe(self, turn, user, assistant, ts, is_question, speaker=None) -> dict:
         prev = self.turns[-1][0] if self.turns else None
         super().observe(turn, user, assistant, ts, is_question)
         return {"parent_turn": prev, "route": "previous" if prev is not None else "first"}
@@ -172,7 +175,7 @@ class BM25Method(_TurnStore):
         self.db.execute("CREATE VIRTUAL TABLE t USING fts5(lex, tokenize='porter unicode61')")
         self.prefilter = prefilter
 
-    def observe(self, turn, user, assistant, ts, is_question) -> dict:
+    def observe(self, turn, user, assistant, ts, is_question, speaker=None) -> dict:
         out = super().observe(turn, user, assistant, ts, is_question)
         self.db.execute("INSERT INTO t(rowid, lex) VALUES(?, ?)", (len(self.turns) - 1, f"{user} {assistant}"))
         return out
@@ -205,7 +208,7 @@ class DenseMethod(_TurnStore):
         self.embedder, self.prefilter = embedder, prefilter
         self.vecs: list[np.ndarray] = []
 
-    def observe(self, turn, user, assistant, ts, is_question) -> dict:
+    def observe(self, turn, user, assistant, ts, is_question, speaker=None) -> dict:
         out = super().observe(turn, user, assistant, ts, is_question)
         self.vecs.append(self.embedder.encode([f"{user}\n{assistant}"])[0])
         return out
@@ -239,8 +242,8 @@ class FactStoreMethod(_ArborBacked):
         super().__init__(runtime_cfg, components, session_id)
         self.counter = counter
 
-    def observe(self, turn, user, assistant, ts, is_question) -> dict:
-        node = self.mem.commit(user, assistant, Localization(None, "flat", 1.0), ts)  # no forest: every turn a root
+    def observe(self, turn, user, assistant, ts, is_question, speaker=None) -> dict:
+        node = self.mem.commit(user, assistant, Localization(None, "flat", 1.0), ts, speaker=speaker)  # no forest
         self.turn_of[node.id] = turn
         return {"parent_turn": None, "route": None}
 

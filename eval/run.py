@@ -381,7 +381,7 @@ def replay_irc(f, method, answers, judge, budget: int, c: dict) -> list[dict]:
         if not m.system:
             text = f"{m.speaker}: {m.text}" if m.speaker else m.text
             t0 = time.perf_counter()
-            obs = method.observe(m.line, text, "", m.time, False)
+            obs = method.observe(m.line, text, "", m.time, False, speaker=m.speaker)
             route = obs["route"]
             parent = obs["parent_turn"] if obs["parent_turn"] is not None else m.line
             ingest_s = time.perf_counter() - t0

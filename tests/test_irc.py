@@ -124,3 +124,37 @@ def test_converter_refuses_a_forward_link_before_writing(tmp_path):
     with pytest.raises(BenchmarkFormatError, match=r"x\.annotation\.txt: line 0: link 1 -> 0 points forward"):
         run(icfg(tmp_path / "irc", tmp_path / "out", "splits=[dev]"))
     assert not (tmp_path / "out").exists()
+
+
+def test_group_chat_recall_offers_the_addressed_speakers_latest_message_and_a_recency_window(tmp_path):
+    from arbor_train.runtime import ArborMemory, default_config
+
+    cfg = default_config("group_chat")
+    mem = ArborMemory.open(tmp_path / "m.sqlite", "chan", cfg)
+    said = {}
+    for i, (who, text) in enumerate([("alice", "how do I mount a usb disk"), ("bob", "anyone on 9.04 with sound issues"),
+                                     ("carol", "grub asks for a password"), ("bob", "pulseaudio keeps crashing")]
+                                    + [(f"user{j}", f"unrelated chatter number {j}") for j in range(25)]):
+        said[i] = mem.step(f"{who}: {text}", "", f"10:{i:02d}", speaker=who)[0].id
+    assert mem.store.get_node(said[0]).speaker == "alice"
+    loc = mem.localize("dave: alice: use the mount command", speaker="dave")
+    by_id = {c.node_id: c.channels for c in loc.candidates}
+    assert by_id[said[0]].get("addressed") == 1.0  # alice's only message, 28 messages back
+    assert mem.addressed("thanks Bob and ALICE, and bobby") == ["bob", "alice"]  # whole words, any case
+    assert mem.localize("bob: thanks", speaker="bob").candidates  # a speaker's own name is no address
+    assert not any(c.channels.get("addressed") for c in mem.localize("bob: thanks", speaker="bob").candidates)
+    recent = mem.store.recent_ids("chan", cfg["recall"]["k_recent"])
+    assert len(recent) == 20 and recent[0] == said[28]
+    mem.close()
+
+
+def test_the_default_profile_keeps_one_recency_candidate_and_no_address_channel(tmp_path):
+    from arbor_train.runtime import ArborMemory, default_config
+
+    mem = ArborMemory.open(tmp_path / "m.sqlite", "chan", default_config())
+    for i, who in enumerate(["alice", "bob", "carol"]):
+        mem.step(f"{who}: message {i}", "", None, speaker=who)
+    loc = mem.localize("dave: alice: hello", speaker="dave")
+    assert not any("addressed" in c.channels for c in loc.candidates)
+    assert sum("recent" in c.channels for c in loc.candidates) <= 1
+    mem.close()

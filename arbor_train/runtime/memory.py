@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,7 +116,17 @@ class ArborMemory:
     def embed(self, text: str) -> np.ndarray:
         return self.embedder.encode([text])[0]
 
-    def _recall(self, text: str, q_emb: np.ndarray, latest: Node) -> list[Candidate]:
+    def addressed(self, text: str) -> list[str]:
+        """Known speakers of this conversation that the text names as a word ("dave: try this", "thanks
+        dave"), in order of first mention (group chats: the people a message addresses)."""
+        names = self.store.speakers(self.conv)
+        if not names:
+            return []
+        words = re.findall(r"[\w\-\[\]\\^{}|`]+", text)
+        lowered = {n.lower(): n for n in names}
+        return list(dict.fromkeys(lowered[w.lower()] for w in words if w.lower() in lowered))
+
+    def _recall(self, text: str, q_emb: np.ndarray, latest: Node, speaker: str | None = None) -> list[Candidate]:
         rc = self.cfg["recall"]
         ranks: dict[int, dict[str, float]] = {}
         fused: dict[int, float] = {}
@@ -129,7 +140,16 @@ class ArborMemory:
         add("keyword", self.store.keyword_search(self.conv, text, rc["k_keyword"]))
         topic_hits = self.store.topic_search(self.conv, text, rc["k_topic"])
         add("topic", [(self.store.latest_in_root(r), s) for r, s in topic_hits])
-        add("recent", [(latest.id, 1.0)])
+        k_recent = int(rc.get("k_recent", 1))
+        add("recent", [(i, 1.0) for i in (self.store.recent_ids(self.conv, k_recent) if k_recent > 1 else [latest.id])])
+        k_addr = int(rc.get("k_addressed", 0))
+        addressed_ids: set[int] = set()
+        if k_addr > 0:  # group chats: the latest messages of the people this one addresses
+            for name in self.addressed(text):
+                if name != speaker:
+                    ids = self.store.latest_by_speaker(self.conv, name, k_addr)
+                    addressed_ids.update(ids)
+                    add("addressed", [(i, 1.0) for i in ids])
         ids = sorted(fused, key=lambda i: -fused[i])[: rc["max_candidates"]]
         nodes = self.store.get_nodes(ids)
         cands = []
@@ -139,21 +159,24 @@ class ArborMemory:
             if "semantic" not in ch and n.embedding is not None:
                 ch["semantic"] = round(float(np.dot(n.embedding, q_emb)), 4)
             ch["recency"] = round(math.exp(-(latest.seq - n.seq) / rc["recency_tau"]), 4)
+            if i in addressed_ids:
+                ch["addressed"] = 1.0
             ch["fused"] = round(fused[i], 5)
             cands.append(Candidate(node_id=i, topic_key=n.topic_key, path_summary=n.path_summary,
                                    node_summary=n.node_summary, entities=n.entities, seq=n.seq,
                                    root_id=n.root_id, channels=ch))
         return cands
 
-    def localize(self, text: str, for_question: bool = False) -> Localization:
-        """Which committed state does this input resume? Reads only committed memory."""
+    def localize(self, text: str, for_question: bool = False, speaker: str | None = None) -> Localization:
+        """Which committed state does this input resume? Reads only committed memory. `speaker` (group
+        chats) keeps a speaker's own name from counting as an address."""
         t0 = time.perf_counter()
         try:
-            return self._localize(text, for_question)
+            return self._localize(text, for_question, speaker)
         finally:
             self.timings.localize_s.append(time.perf_counter() - t0)
 
-    def _localize(self, text: str, for_question: bool) -> Localization:
+    def _localize(self, text: str, for_question: bool, speaker: str | None = None) -> Localization:
         loc_cfg = self.cfg["localization"]
         latest = self.store.latest_node(self.conv)
         if latest is None:
@@ -167,7 +190,7 @@ class ArborMemory:
             cue = match_cue(text, loc_cfg["continuation_cues"])
             if cue and self._consistent(text, latest):
                 return Localization(self._tip(latest.id), "continuation", 1.0, cue)
-        cands = self._recall(text, q_emb, latest)
+        cands = self._recall(text, q_emb, latest, speaker)
         if not cands:
             return Localization(None, "recall", 0.0)
         if not routing:
@@ -212,22 +235,23 @@ class ArborMemory:
 
     # ------------------------------------------------------------------ commit
     def step(self, user_text: str, assistant_text: str, timestamp: str | None = None,
-             turn_key: str | None = None) -> tuple[Node, Localization]:
+             turn_key: str | None = None, speaker: str | None = None) -> tuple[Node, Localization]:
         self.lock_for_writing()
-        loc = self.localize(user_text)
-        return self.commit(user_text, assistant_text, loc, timestamp, turn_key=turn_key), loc
+        loc = self.localize(user_text, speaker=speaker)
+        return self.commit(user_text, assistant_text, loc, timestamp, turn_key=turn_key, speaker=speaker), loc
 
     def lock_for_writing(self) -> None:
         """Become this memory file's single writer (waits up to store.lock_timeout_s; MemoryBusy after)."""
         self.store.lock_for_writing(float(self.cfg["store"].get("lock_timeout_s", 0.0)))
 
     def commit(self, user_text: str, assistant_text: str, loc: Localization, timestamp: str | None = None,
-               extraction: Extraction | None = None, turn_key: str | None = None) -> Node:
+               extraction: Extraction | None = None, turn_key: str | None = None, speaker: str | None = None) -> Node:
         """Attach the completed interaction below loc.parent_id (or as a new root) and write evidence.
 
         Model calls (extraction, embedding) run first; the writes are one transaction. The first commit
         takes the file's writer lock. turn_key (optional) records the source turn's identity, unique per
-        conversation: `ingest` uses it to skip turns already stored.
+        conversation: `ingest` uses it to skip turns already stored. speaker (optional, group chats) is
+        stored with the node; recall's `addressed` channel finds a speaker's latest nodes by it.
         """
         self.lock_for_writing()
         t0 = time.perf_counter()
@@ -244,7 +268,7 @@ class ArborMemory:
             if not f.get("tags"):
                 f["tags"] = next(tag_iter)
         with self.store.transaction():
-            node = self._write(turn, loc, extraction, emb, turn_key)
+            node = self._write(turn, loc, extraction, emb, turn_key, speaker)
         self.index.add([node.id], emb.reshape(1, -1))
         self._last_query_embedding = None
         self.timings.extract_s.append(t1 - t0)
@@ -252,7 +276,7 @@ class ArborMemory:
         return node
 
     def _write(self, turn: TurnInput, loc: Localization, ex: Extraction, emb: np.ndarray,
-               turn_key: str | None = None) -> Node:
+               turn_key: str | None = None, speaker: str | None = None) -> Node:
         st, conv = self.store, self.conv
         seq = st.next_seq(conv)
         parent = st.get_node(loc.parent_id) if loc.parent_id is not None else None
@@ -269,7 +293,7 @@ class ArborMemory:
                     parent_id=parent.id if parent else None, root_id=parent.root_id if parent else -1,
                     depth=parent.depth + 1 if parent else 0, user_text=turn.user_text,
                     assistant_text=turn.assistant_text, node_summary=ex.summary, path_summary=path_summary,
-                    topic_key=topic, entities=ents, keywords=ex.keywords, embedding=emb)
+                    topic_key=topic, entities=ents, keywords=ex.keywords, embedding=emb, speaker=speaker)
         st.insert_node(node, turn_key)
         self._update_anchor(node, parent)
         ts = turn.timestamp

@@ -45,9 +45,11 @@ class Reranker(Protocol):
 
 class HeuristicReranker:
     def __init__(self, w_entity: float = 0.35, w_lexical: float = 0.3, w_semantic: float = 0.2,
-                 w_recency: float = 0.15, conflict_penalty: float = 0.25, entity_miss_factor: float = 0.5):
+                 w_recency: float = 0.15, conflict_penalty: float = 0.25, entity_miss_factor: float = 0.5,
+                 w_addressed: float = 0.0):
         self.name = "heuristic"
         self.w = dict(entity=w_entity, lexical=w_lexical, semantic=w_semantic, recency=w_recency)
+        self.w_addressed = w_addressed  # group chats: bonus for a candidate by someone the input addresses
         self.conflict_penalty = conflict_penalty
         self.entity_miss_factor = entity_miss_factor
 
@@ -68,7 +70,7 @@ class HeuristicReranker:
             sem = max(0.0, c.channels.get("semantic", 0.0))
             rec = c.channels.get("recency", 0.0)
             s = (self.w["entity"] * ent + self.w["lexical"] * lex + self.w["semantic"] * sem
-                 + self.w["recency"] * rec) / total
+                 + self.w["recency"] * rec) / total + self.w_addressed * c.channels.get("addressed", 0.0)
             # the input names an entity another branch owns and this branch does not: parallel agenda
             if (q_ents & known) - ents:
                 s -= self.conflict_penalty * len((q_ents & known) - ents) / max(1, len(q_ents))

@@ -20,7 +20,7 @@ class Node:
 
     id: int
     conversation_id: str
-    seq: int  # global position in the conversation, 0-based, gap-free
+    seq: int  # position in the conversation, 0-based, increasing (a forget leaves gaps)
     timestamp: str | None
     parent_id: int | None
     root_id: int
@@ -33,6 +33,7 @@ class Node:
     entities: list[str] = field(default_factory=list)
     keywords: list[str] = field(default_factory=list)
     embedding: np.ndarray | None = None
+    speaker: str | None = None  # who said the turn (group chats); None in one-user conversations
 
     def to_json(self, with_embedding: bool = False) -> dict[str, Any]:
         d = asdict(self)

@@ -59,7 +59,7 @@ CREATE TABLE IF NOT EXISTS nodes(
   parent_id INTEGER REFERENCES nodes(id), root_id INTEGER NOT NULL, depth INTEGER NOT NULL,
   user_text TEXT NOT NULL, assistant_text TEXT NOT NULL, node_summary TEXT NOT NULL,
   path_summary TEXT NOT NULL, topic_key TEXT NOT NULL, entities TEXT NOT NULL, keywords TEXT NOT NULL,
-  embedding BLOB, turn_key TEXT, UNIQUE(conversation_id, seq));
+  embedding BLOB, turn_key TEXT, speaker TEXT, UNIQUE(conversation_id, seq));
 CREATE INDEX IF NOT EXISTS nodes_root ON nodes(root_id, seq);
 CREATE INDEX IF NOT EXISTS nodes_parent ON nodes(parent_id);
 CREATE VIRTUAL TABLE IF NOT EXISTS node_fts USING fts5(conv, lex, tokenize='porter unicode61');
@@ -104,6 +104,7 @@ CREATE INDEX IF NOT EXISTS records_root ON records(root_id);
 CREATE INDEX IF NOT EXISTS artifacts_root ON artifacts(root_id);
 CREATE INDEX IF NOT EXISTS events_root ON events(root_id);
 """
+SPEAKER_INDEX = "CREATE INDEX IF NOT EXISTS nodes_speaker ON nodes(conversation_id, speaker, seq)"
 # created after a v1 file gained the column (CREATE TABLE IF NOT EXISTS does not add it)
 TURN_KEY_INDEX = ("CREATE UNIQUE INDEX IF NOT EXISTS nodes_turn ON nodes(conversation_id, turn_key) "
                   "WHERE turn_key IS NOT NULL")
@@ -120,7 +121,7 @@ class MemoryBusy(UserError):
     """Another process holds the memory file's writer lock."""
 
 _NODE_COLS = ("id, conversation_id, seq, ts, parent_id, root_id, depth, user_text, assistant_text, "
-              "node_summary, path_summary, topic_key, entities, keywords, embedding")
+              "node_summary, path_summary, topic_key, entities, keywords, embedding, speaker")
 
 
 def fts_query(text: str, max_terms: int = 16) -> str | None:
@@ -185,6 +186,7 @@ class Store:
             row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             if row is None:
                 self.db.execute("INSERT INTO meta VALUES('schema_version', ?)", (str(SCHEMA_VERSION),))
+                self.db.execute(SPEAKER_INDEX)
             else:
                 version = int(row[0])
                 if version not in (1, 2, SCHEMA_VERSION):
@@ -213,8 +215,11 @@ class Store:
                                 "conversation_id=?)", (conv_token(conv).strip('"'), conv))
 
     def _migrate_v2(self) -> None:
-        """v2 -> v3: the provenance table, filled from every derived row's sources (the new tables and
-        indexes come from the DDL)."""
+        """v2 -> v3: nodes.speaker, and the provenance table filled from every derived row's sources (the
+        new tables and indexes come from the DDL)."""
+        if "speaker" not in [r[1] for r in self.db.execute("PRAGMA table_info(nodes)")]:
+            self.db.execute("ALTER TABLE nodes ADD COLUMN speaker TEXT")
+        self.db.execute(SPEAKER_INDEX)
         for table in DERIVED_TABLES:
             self.db.execute(f"INSERT OR IGNORE INTO provenance SELECT CAST(j.value AS INTEGER), ?, t.id "
                             f"FROM {table} t, json_each(t.sources) j", (table,))
@@ -407,7 +412,7 @@ class Store:
         return Node(id=row[0], conversation_id=row[1], seq=row[2], timestamp=row[3], parent_id=row[4],
                     root_id=row[5], depth=row[6], user_text=row[7], assistant_text=row[8],
                     node_summary=row[9], path_summary=row[10], topic_key=row[11],
-                    entities=json.loads(row[12]), keywords=json.loads(row[13]), embedding=emb)
+                    entities=json.loads(row[12]), keywords=json.loads(row[13]), embedding=emb, speaker=row[15])
 
     def next_seq(self, conv: str) -> int:
         row = self.db.execute("SELECT COALESCE(MAX(seq) + 1, 0) FROM nodes WHERE conversation_id=?", (conv,)).fetchone()
@@ -425,10 +430,10 @@ class Store:
             top = self.db.execute("SELECT COALESCE(MAX(id), 0) FROM nodes").fetchone()[0]
             new_id = max(int(floor), int(top)) + 1
         cur = self.db.execute(
-            f"INSERT INTO nodes({_NODE_COLS}, turn_key) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            f"INSERT INTO nodes({_NODE_COLS}, turn_key) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (new_id, n.conversation_id, n.seq, n.timestamp, n.parent_id, n.root_id, n.depth, n.user_text,
              n.assistant_text, n.node_summary, n.path_summary, n.topic_key, json.dumps(n.entities),
-             json.dumps(n.keywords), emb, turn_key),
+             json.dumps(n.keywords), emb, n.speaker, turn_key),
         )
         nid = int(cur.lastrowid)
         if n.parent_id is not None and self.db.execute(
@@ -496,6 +501,19 @@ class Store:
         row = self.db.execute(f"SELECT {_NODE_COLS} FROM nodes WHERE conversation_id=? ORDER BY seq DESC LIMIT 1",
                               (conv,)).fetchone()
         return self._node(row) if row else None
+
+    def speakers(self, conv: str) -> set[str]:
+        return {r[0] for r in self.db.execute(
+            "SELECT DISTINCT speaker FROM nodes WHERE conversation_id=? AND speaker IS NOT NULL", (conv,))}
+
+    def latest_by_speaker(self, conv: str, speaker: str, k: int) -> list[int]:
+        """Ids of the speaker's k most recent nodes, newest first."""
+        return [int(r[0]) for r in self.db.execute(
+            "SELECT id FROM nodes WHERE conversation_id=? AND speaker=? ORDER BY seq DESC LIMIT ?", (conv, speaker, k))]
+
+    def recent_ids(self, conv: str, k: int) -> list[int]:
+        return [int(r[0]) for r in self.db.execute(
+            "SELECT id FROM nodes WHERE conversation_id=? ORDER BY seq DESC LIMIT ?", (conv, k))]
 
     def recent_nodes(self, conv: str, n: int) -> list[Node]:
         rows = self.db.execute(
