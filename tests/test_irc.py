@@ -158,3 +158,24 @@ def test_the_default_profile_keeps_one_recency_candidate_and_no_address_channel(
     assert not any("addressed" in c.channels for c in loc.candidates)
     assert sum("recent" in c.channels for c in loc.candidates) <= 1
     mem.close()
+
+
+def test_the_reranker_trains_on_a_mixture_of_branchmem_and_irc_routing(tmp_path, smoke_data):
+    """`data.mix` adds IRC routing groups to the BranchMemEval training groups (validation unchanged)."""
+    from test_train import tcfg
+
+    from arbor_train import roles
+    from data_gen.irc import run as convert
+
+    lines = [f"[10:{i:02d}] <{w}> message {i} about {t}" for i, (w, t) in enumerate(
+        [("alice", "usb"), ("bob", "sound"), ("alice", "usb mount"), ("carol", "grub"), ("bob", "pulseaudio"),
+         ("dave", "alice: usb mount"), ("carol", "grub password")])]
+    write_pair(tmp_path / "irc" / "train", "t", lines, ["0 2 -", "2 5 -", "3 6 -", "4 4 -"])
+    convert(icfg(tmp_path / "irc", tmp_path / "data", "splits=[train]"))
+    base = roles.get("reranker").build(tcfg(tmp_path / "a", smoke_data))
+    mixed = roles.get("reranker").build(tcfg(tmp_path / "b", smoke_data, f"data.mix=[{{dir: {tmp_path / 'data' / 'train'},"
+                                                                      " sets: [routing], max_groups: 3}]"))
+    assert mixed.extras["mixed"] == 3
+    assert len(mixed.extras["groups"]["train"]) == len(base.extras["groups"]["train"]) + 3
+    assert len(mixed.extras["groups"]["val"]) == len(base.extras["groups"]["val"])
+    assert mixed.data_fingerprint != base.data_fingerprint and mixed.data_fingerprint.startswith(base.data_fingerprint)

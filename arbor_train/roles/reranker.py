@@ -26,6 +26,24 @@ from ..prompts import PROMPT_VERSION, RERANK_TEMPLATE
 from .common import Built, Role, RoleModule, cap, load_rows, loaders
 
 
+def mix_groups(c: dict) -> list:
+    """Training groups from `data.mix`: extra supervision folders mixed into the training set (for example
+    Ubuntu IRC routing rows beside BranchMemEval), each `{dir, sets, max_groups}`; validation stays on
+    the main data. Each source's groups are shuffled (seeded) before its cap."""
+    import random
+
+    t, out = c["task"], []
+    for k, src in enumerate(c["data"].get("mix") or []):
+        if not isinstance(src, dict) or not src.get("dir") or not src.get("sets"):
+            raise ConfigError(f"option data.mix[{k}] must be {{dir: PATH, sets: [routing, ...], max_groups: N}}, "
+                              f"got {src!r}")
+        rows = D.load_sets(src["dir"], list(src["sets"]))
+        groups = [g for n in src["sets"] for g in D.rerank_groups(list(rows[n]), n, t["group_size"], t["include_new_root"])]
+        random.Random(c["seed"] + k).shuffle(groups)
+        out += cap(groups, src.get("max_groups"))
+    return out
+
+
 class RerankerModule(RoleModule):
     def __init__(self, model, cfg: dict):
         super().__init__(model, cfg)
@@ -102,6 +120,8 @@ class Reranker(Role):
                 groups[split] += D.rerank_groups(rows[n], n, t["group_size"], t["include_new_root"])
         groups["train"] = cap(groups["train"], dc.get("max_train_examples"))
         groups["val"] = cap(groups["val"], dc.get("max_val_examples"))
+        mixed = mix_groups(c)
+        groups["train"] += mixed
         if c["model"]["family"] == "decoder":  # LLM scorer: p(yes) at the answer position, Qwen3-Reranker layout
             from ..runtime.llm import yes_no_ids
 
@@ -125,8 +145,10 @@ class Reranker(Role):
 
         train_loader, val_loader = loaders(c, encode(groups["train"], tok, t["max_length"]),
                                            encode(groups["val"], tok, t["max_length"]), collate)
-        return Built(RerankerModule(model, c), tok, train_loader, val_loader, D.fingerprint(dc["train_dir"], names),
-                     {"groups": groups})
+        fp = D.fingerprint(dc["train_dir"], names)
+        for src in dc.get("mix") or []:
+            fp += "+" + D.fingerprint(src["dir"], list(src["sets"]))
+        return Built(RerankerModule(model, c), tok, train_loader, val_loader, fp, {"groups": groups, "mixed": len(mixed)})
 
     def baselines(self, c: dict, built: Built, trainer) -> dict[str, Any]:
         from ..metrics import rerank_metrics
