@@ -4,9 +4,7 @@ between conversations, and SIGKILLs during a forget."""
 import os
 import random
 import shutil
-import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ from arbor_train.runtime.render import forest_json
 from arbor_train.runtime.schema import Localization
 from arbor_train.runtime.store import Store
 from test_runtime_cli import make_cfg, write_json
-from test_runtime_reliability import FORK, content, ingest, long_conversation, problems, quoted
+from test_runtime_reliability import content, ingest, kill_after, long_conversation, problems
 
 from arbor_train.runtime.cli import run
 
@@ -352,22 +350,8 @@ def forget_kill_trials(tmp_path: Path, want: int, max_trials: int, seed: int) ->
         mem = tmp_path / f"t{trial}" / "m.sqlite"
         mem.parent.mkdir()
         shutil.copy(base, mem)
-        receiver, sender = FORK.Pipe(duplex=False)
-        p = FORK.Process(target=_child_forgets, args=(str(mem), plan, sender))
-        p.start()
-        wait_for, seen, deadline = rng.randrange(len(plan)), 0, time.monotonic() + 60
-        while seen < wait_for and p.is_alive() and time.monotonic() < deadline:
-            if receiver.poll(0.1):
-                receiver.recv()
-                seen += 1
-        time.sleep(rng.uniform(0.0, 0.004))
-        killed = p.is_alive()
-        if killed:
-            os.kill(p.pid, signal.SIGKILL)
-            stats["kills"] += 1
-        p.join()
-        receiver.close()
-        sender.close()
+        killed = kill_after(_child_forgets, (str(mem), plan), rng.randrange(len(plan)), rng, timeout_s=60)
+        stats["kills"] += killed
         assert problems(mem) == [], f"trial {trial}: inconsistent after a kill"
         h = content(mem)
         assert h in states, f"trial {trial}: a state between two forgets"

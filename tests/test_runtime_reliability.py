@@ -329,6 +329,27 @@ def stored_nodes(mem: Path) -> int:
         s.close()
 
 
+def kill_after(target, args: tuple, reports: int, rng: random.Random, timeout_s: float = 120) -> bool:
+    """Fork `target(*args, conn)`, wait for `reports` messages on conn (or its end), then 0-4 ms, then
+    SIGKILL it if it still runs. Returns whether it was killed."""
+    receiver, sender = FORK.Pipe(duplex=False)
+    p = FORK.Process(target=target, args=(*args, sender))
+    p.start()
+    seen, deadline = 0, time.monotonic() + timeout_s
+    while seen < reports and p.is_alive() and time.monotonic() < deadline:
+        if receiver.poll(0.1):
+            receiver.recv()
+            seen += 1
+    time.sleep(rng.uniform(0.0, 0.004))
+    killed = p.is_alive()
+    if killed:
+        os.kill(p.pid, signal.SIGKILL)
+    p.join()
+    receiver.close()
+    sender.close()
+    return killed
+
+
 def kill_trials(tmp_path: Path, want: int, max_trials: int, seed: int) -> dict:
     """Kill ingests at random times until `want` kills cut one short (at most max_trials tries), four per
     file in a row; check every reopened memory, and resume each file to the end."""
@@ -347,24 +368,10 @@ def kill_trials(tmp_path: Path, want: int, max_trials: int, seed: int) -> dict:
             stats["files"] += 1
         stats["trials"] += 1
         had = stored_nodes(mem)
-        receiver, sender = FORK.Pipe(duplex=False)
-        p = FORK.Process(target=_child_ingest, args=(str(conv), str(mem), (), sender))
-        p.start()
         # kill after a random number of this child's commits, then a random few ms: inside the next
         # commit, between two, or (no turns left) anywhere in its start-up
-        wait_for, seen, deadline = rng.randrange(max(1, n - had)), 0, time.monotonic() + 120
-        while seen < wait_for and p.is_alive() and time.monotonic() < deadline:
-            if receiver.poll(0.2):
-                receiver.recv()
-                seen += 1
-        time.sleep(rng.uniform(0.0, 0.004))
-        killed = p.is_alive()
-        if killed:
-            os.kill(p.pid, signal.SIGKILL)
-            stats["kills"] += 1
-        p.join()
-        receiver.close()
-        sender.close()
+        killed = kill_after(_child_ingest, (str(conv), str(mem), ()), rng.randrange(max(1, n - had)), rng)
+        stats["kills"] += killed
         if mem.exists():
             assert problems(mem) == [], f"trial {trial}: memory inconsistent after a kill"
             k = stored_nodes(mem)
