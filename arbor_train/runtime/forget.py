@@ -34,13 +34,12 @@ import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 from ..errors import InputError
 from .store import DERIVED_TABLES, FTS_SECURE_DELETE, FTS_TABLES, conv_token
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .memory import ArborMemory
+# `mem` below is an ArborMemory (memory.py calls in here; importing it back would be a cycle)
 
 CHUNK = 500  # ids per IN (...) query
 
