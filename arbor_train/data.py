@@ -30,7 +30,7 @@ def load_sets(data_dir: str | Path, names: list[str]) -> dict[str, Any]:
     p = Path(data_dir) / "hf"
     if not p.exists():
         raise MissingInputError(f"data option data_dir={str(data_dir)!r}: no hf/ folder (run python -m "
-                                f"data_gen.branchmem or data_gen.locomo first)")
+                                f"data_gen.branchmem, data_gen.locomo or data_gen.irc first)")
     dd = load_from_disk(str(p))
     out = {}
     for n in names:

@@ -316,7 +316,10 @@ def ecfg(name, run_dir, data, *extra):
         cfg = compose(config_name="train", overrides=[
             f"experiment={name}", "logger=csv", f"data.train_dir={data}", "data.val_dir=null", f"run_dir={run_dir}",
             *extra])
-    return OmegaConf.to_container(cfg, resolve=True)
+    c = OmegaConf.to_container(cfg, resolve=True)
+    for src in c["data"].get("mix") or []:  # an experiment's extra folders come from its own commands
+        src["dir"] = str(data)
+    return c
 
 
 def test_every_experiment_config_composes_and_instantiates(tmp_path, smoke_data):
