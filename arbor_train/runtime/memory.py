@@ -288,7 +288,7 @@ class ArborMemory:
             path_summary = f"{topic}: {ex.summary}"
         else:
             topic = parent.topic_key
-            path_summary = self._roll_path(parent.path_summary, ex.summary)
+            path_summary = self.roll_path(parent.path_summary, ex.summary)
         node = Node(id=-1, conversation_id=conv, seq=seq, timestamp=turn.timestamp,
                     parent_id=parent.id if parent else None, root_id=parent.root_id if parent else -1,
                     depth=parent.depth + 1 if parent else 0, user_text=turn.user_text,
@@ -340,9 +340,6 @@ class ArborMemory:
         return truncate(" · ".join(names + kws) or summary, 80)
 
     def roll_path(self, parent_path: str, summary: str) -> str:
-        return self._roll_path(parent_path, summary)
-
-    def _roll_path(self, parent_path: str, summary: str) -> str:
         limit = self.cfg["path_summary_chars"]
         s = f"{parent_path} | {summary}"
         if len(s) <= limit:
@@ -356,12 +353,15 @@ class ArborMemory:
         root_id = node.root_id
         prev = self.store.db.execute("SELECT topic FROM root_fts WHERE rowid=?", (root_id,)).fetchone()
         terms = (prev[0] if prev else node.topic_key).split(" ; ")
-        seen = {t.lower() for t in terms}
-        for e in node.entities:
+        self._extend_anchor(terms, {t.lower() for t in terms}, node.entities)
+        self.store.set_root_topic(self.conv, root_id, " ; ".join(terms))
+
+    def _extend_anchor(self, terms: list[str], seen: set[str], entities: list[str]) -> None:
+        """Append the entities not yet in the anchor, up to recall.anchor_terms terms."""
+        for e in entities:
             if e.lower() not in seen and len(terms) < self.cfg["recall"]["anchor_terms"]:
                 terms.append(e)
                 seen.add(e.lower())
-        self.store.set_root_topic(self.conv, root_id, " ; ".join(terms))
 
     def rebuild_anchor(self, root_id: int) -> None:
         """The branch's topic anchor from its stored nodes, as the commits built it (after a forget)."""
@@ -372,10 +372,7 @@ class ArborMemory:
         for (ents,) in self.store.db.execute("SELECT entities FROM nodes WHERE root_id=? ORDER BY seq", (root_id,)):
             if len(terms) >= cap:
                 break
-            for e in json.loads(ents):
-                if e.lower() not in seen and len(terms) < cap:
-                    terms.append(e)
-                    seen.add(e.lower())
+            self._extend_anchor(terms, seen, json.loads(ents))
         self.store.set_root_topic(self.conv, root_id, " ; ".join(terms))
 
     # ------------------------------------------------------------------ forget
