@@ -51,7 +51,8 @@ def fingerprint(data_dir: str | Path, names: list[str]) -> str:
 
 def candidate_text(c: dict) -> str:
     return Candidate(node_id=c["turn"], topic_key=c["topic_key"], path_summary=c["path_summary"],
-                     node_summary=c["node_summary"], entities=list(c["entities"]), seq=c["turn"], root_id=-1).document()
+                     node_summary=c["node_summary"], entities=list(c["entities"]), seq=c["turn"], root_id=-1,
+                     speaker=c.get("speaker"), back=c.get("back"), minutes=c.get("minutes")).document()
 
 
 @dataclass

@@ -60,7 +60,7 @@ def routing_rows(f, runtime_cfg: dict, comps: dict, counts: Counter) -> list[dic
             if m.system:
                 continue
             text = message_text(m)
-            loc = mem.localize(text, speaker=m.speaker)
+            loc = mem.localize(text, speaker=m.speaker, timestamp=m.time)
             parents = sorted(p for p in f.parents.get(m.line, ()) if p != m.line and p in node_of)
             if m.line in f.parents:
                 gold = parents[0] if parents else -1
@@ -68,7 +68,7 @@ def routing_rows(f, runtime_cfg: dict, comps: dict, counts: Counter) -> list[dic
                 have = {c["turn"] for c in cands}
                 for p in parents:
                     if p not in have:
-                        cands.append(gold_candidate(mem, node_of[p], turn_of))
+                        cands.append(gold_candidate(mem, node_of[p], turn_of, m.time))
                 chosen = turn_of.get(loc.parent_id) if loc.parent_id is not None else None
                 rows.append({"session_id": f.name, "turn": m.line, "input": text, "timestamp": m.time,
                              "candidates": cands, "gold_parent": gold, "gold_states": parents or [-1],

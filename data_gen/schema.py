@@ -22,7 +22,13 @@ CANDIDATE = {
     "channels": Value("string"),       # JSON: recall channel -> score (semantic, keyword, topic, recency, fused)
     "runtime_score": Value("float32"),
     "recalled": Value("bool"),         # False: the gold state, added because recall missed it
+    # group chats (null elsewhere): who wrote the candidate, messages back (1 = latest), minutes since it
+    "speaker": Value("string"),
+    "back": Value("int32"),
+    "minutes": Value("int32"),
 }
+# candidate fields a row may leave out or null (sets written before group chats read as one-user rows)
+OPTIONAL = {"speaker", "back", "minutes"}
 _BASE = {"session_id": Value("string"), "turn": Value("int32"), "input": Value("string"),
          "timestamp": Value("string")}
 
@@ -81,12 +87,13 @@ def _check(value: Any, feat: Any, where: str) -> None:
     if isinstance(feat, dict):
         if not isinstance(value, dict):
             raise SchemaError(f"{where}: expected an object")
-        missing = set(feat) - set(value)
+        missing = set(feat) - set(value) - OPTIONAL
         extra = set(value) - set(feat)
         if missing or extra:
             raise SchemaError(f"{where}: missing fields {sorted(missing)}, unknown fields {sorted(extra)}")
         for k, f in feat.items():
-            _check(value[k], f, f"{where}.{k}")
+            if k in value and not (k in OPTIONAL and value[k] is None):
+                _check(value[k], f, f"{where}.{k}")
     elif isinstance(feat, list):
         if not isinstance(value, list):
             raise SchemaError(f"{where}: expected a list")
@@ -139,11 +146,24 @@ def validate_rows(name: str, rows: list[dict], source: str = "") -> None:
             seen[rid] = i
 
 
+def _without_optional(feats) -> dict:
+    """A schema with the optional candidate fields left out (how sets written before them look)."""
+    def strip(f):
+        if isinstance(f, dict):
+            return {k: strip(v) for k, v in f.items() if k not in OPTIONAL}
+        if isinstance(f, list):
+            return [strip(x) for x in f]
+        if isinstance(f, Sequence) and isinstance(f.feature, dict):  # a list of records (datasets' List)
+            return ("list", strip(f.feature))
+        return f
+    return strip(dict(feats))
+
+
 def check_dataset(name: str, ds) -> None:
     """A loaded datasets.Dataset has exactly the schema of its set."""
     if name not in SCHEMAS:
         raise SchemaError(f"unknown supervision set {name!r}; known: {sorted(SCHEMAS)}")
-    if ds.features != SCHEMAS[name]:
+    if ds.features != SCHEMAS[name] and _without_optional(ds.features) != _without_optional(SCHEMAS[name]):
         want, got = set(SCHEMAS[name]), set(ds.features)
         raise SchemaError(f"set {name!r}: features differ from the schema (missing {sorted(want - got)}, "
                           f"unknown {sorted(got - want)}, or a field's type changed)")

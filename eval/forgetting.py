@@ -50,7 +50,8 @@ def evaluate(c: dict) -> dict:
     from data_gen.io import quiet
 
     from .methods import METHODS, build_method
-    from .run import load_sessions, replay_session, runtime_config
+    from .protocols.branchmem import load_sessions, replay_session
+    from .run import runtime_config
 
     methods = list(c["methods"])
     for m in methods:

@@ -27,18 +27,33 @@ from arbor_train.runtime.store import fts_query
 
 @dataclass
 class ReadResult:
+    """What every method's `read` returns: the context, and for a method that localizes (route not
+    None) the state it selected."""
+
     text: str
     tokens: int
     turn_ids: list[int] = field(default_factory=list)      # turn indices whose raw text is in the context
     selected_turn: int | None = None                        # the state a localizing method chose
+    route: str | None = None                                # None: the method does not localize
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What every method's `observe` returns: where the turn was attached (the parent's turn index, None
+    for a new root), and how (route; None for a method that does not route turns)."""
+
+    parent_turn: int | None = None
     route: str | None = None
+
+
+UNROUTED = Observation()
 
 
 class Method:
     name = "method"
 
     def observe(self, turn: int, user: str, assistant: str, ts: str | None, is_question: bool,
-                speaker: str | None = None) -> dict:
+                speaker: str | None = None) -> Observation:
         """Commit one turn; `speaker` names who said it in group chats (the runtime stores it)."""
         raise NotImplementedError
 
@@ -92,14 +107,13 @@ class ArborMemoryMethod(_ArborBacked):
         self.name = "arbormem"
         self._pending: Localization | None = None
 
-    def observe(self, turn, user, assistant, ts, is_question, speaker=None) -> dict:
+    def observe(self, turn, user, assistant, ts, is_question, speaker=None) -> Observation:
         loc = (self._pending if (is_question and self._pending is not None)
-               else self.mem.localize(user, speaker=speaker))
+               else self.mem.localize(user, speaker=speaker, timestamp=ts))
         self._pending = None
         node = self.mem.commit(user, assistant, loc, ts, speaker=speaker)
         self.turn_of[node.id] = turn
-        return {"parent_turn": self.turn_of.get(loc.parent_id) if loc.parent_id is not None else None,
-                "route": loc.route}
+        return Observation(self.turn_of.get(loc.parent_id) if loc.parent_id is not None else None, loc.route)
 
     def read(self, question, now, budget) -> ReadResult:
         loc, ctx = self.mem.read(question, now=now, budget=budget)
@@ -121,9 +135,9 @@ class _TurnStore(Method):
         turn, raw, ts = self.turns[i]
         return f"[{ts}] {raw}" if ts else raw
 
-    def observe(self, turn, user, assistant, ts, is_question, speaker=None) -> dict:
+    def observe(self, turn, user, assistant, ts, is_question, speaker=None) -> Observation:
         self.turns.append((turn, f"User: {user}\nAssistant: {assistant}", ts))
-        return {"parent_turn": None, "route": None}
+        return UNROUTED
 
     def forget(self, turns: list[int]) -> None:
         want = set(turns)
@@ -160,10 +174,10 @@ class PreviousMessageMethod(FullContextMethod):
 
     name = "previous_message"
 
-    def observe(self, turn, user, assistant, ts, is_question, speaker=None) -> dict:
+    def observe(self, turn, user, assistant, ts, is_question, speaker=None) -> Observation:
         prev = self.turns[-1][0] if self.turns else None
         super().observe(turn, user, assistant, ts, is_question)
-        return {"parent_turn": prev, "route": "previous" if prev is not None else "first"}
+        return Observation(prev, "previous" if prev is not None else "first")
 
 
 class BM25Method(_TurnStore):
@@ -175,7 +189,7 @@ class BM25Method(_TurnStore):
         self.db.execute("CREATE VIRTUAL TABLE t USING fts5(lex, tokenize='porter unicode61')")
         self.prefilter = prefilter
 
-    def observe(self, turn, user, assistant, ts, is_question, speaker=None) -> dict:
+    def observe(self, turn, user, assistant, ts, is_question, speaker=None) -> Observation:
         out = super().observe(turn, user, assistant, ts, is_question)
         self.db.execute("INSERT INTO t(rowid, lex) VALUES(?, ?)", (len(self.turns) - 1, f"{user} {assistant}"))
         return out
@@ -208,7 +222,7 @@ class DenseMethod(_TurnStore):
         self.embedder, self.prefilter = embedder, prefilter
         self.vecs: list[np.ndarray] = []
 
-    def observe(self, turn, user, assistant, ts, is_question, speaker=None) -> dict:
+    def observe(self, turn, user, assistant, ts, is_question, speaker=None) -> Observation:
         out = super().observe(turn, user, assistant, ts, is_question)
         self.vecs.append(self.embedder.encode([f"{user}\n{assistant}"])[0])
         return out
@@ -242,10 +256,10 @@ class FactStoreMethod(_ArborBacked):
         super().__init__(runtime_cfg, components, session_id)
         self.counter = counter
 
-    def observe(self, turn, user, assistant, ts, is_question, speaker=None) -> dict:
+    def observe(self, turn, user, assistant, ts, is_question, speaker=None) -> Observation:
         node = self.mem.commit(user, assistant, Localization(None, "flat", 1.0), ts, speaker=speaker)  # no forest
         self.turn_of[node.id] = turn
-        return {"parent_turn": None, "route": None}
+        return UNROUTED
 
     def read(self, question, now, budget) -> ReadResult:
         hits = self.mem.store.search_facts(self.mem.conv, question, 64)
@@ -253,25 +267,21 @@ class FactStoreMethod(_ArborBacked):
         return _pack(self.counter, f"Current time: {now}", items, budget)
 
 
+# method name -> builder(runtime_cfg, components, session_id, counter, prefilter); the one list of methods
+BUILDERS = {
+    "arbormem": lambda cfg, comps, sid, counter, prefilter: ArborMemoryMethod(cfg, comps, sid),
+    "full_context": lambda cfg, comps, sid, counter, prefilter: FullContextMethod(counter),
+    "bm25": lambda cfg, comps, sid, counter, prefilter: BM25Method(counter, prefilter),
+    "dense": lambda cfg, comps, sid, counter, prefilter: DenseMethod(counter, comps["embedder"], prefilter),
+    "fact_store": lambda cfg, comps, sid, counter, prefilter: FactStoreMethod(cfg, comps, sid, counter),
+    "previous_message": lambda cfg, comps, sid, counter, prefilter: PreviousMessageMethod(counter),
+}
+METHODS = tuple(BUILDERS)
+MEMORY_METHODS = tuple(m for m in METHODS if m != "previous_message")  # `eval.compare methods`: memories
+
+
 def build_method(name: str, runtime_cfg: dict, components: dict, session_id: str, counter: TokenCounter,
                  prefilter: float) -> Method:
-    if name == "arbormem":
-        return ArborMemoryMethod(runtime_cfg, components, session_id)
-    if name == "full_context":
-        return FullContextMethod(counter)
-    if name == "previous_message":
-        return PreviousMessageMethod(counter)
-    if name == "bm25":
-        return BM25Method(counter, prefilter)
-    if name == "dense":
-        return DenseMethod(counter, components["embedder"], prefilter)
-    if name == "fact_store":
-        return FactStoreMethod(runtime_cfg, components, session_id, counter)
-    from arbor_train.errors import ConfigError
+    from arbor_train.errors import parse_choice
 
-    raise ConfigError(f"option method must be one of {', '.join(METHODS)}; got {name!r}")
-
-
-MEMORY_METHODS = ("arbormem", "full_context", "bm25", "dense", "fact_store")  # `eval.compare methods`
-METHODS = MEMORY_METHODS + ("previous_message",)
-
+    return BUILDERS[parse_choice(name, "method", METHODS)](runtime_cfg, components, session_id, counter, prefilter)

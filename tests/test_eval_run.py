@@ -79,8 +79,8 @@ def test_every_method_replays_under_the_budget(smoke_data, tmp_path, method, mon
         # every turn: the chosen parent lies on the turn's gold branch (or none, for a gold new root)
         turns = {(s["session_id"], t["index"]): t for s in sessions for t in s["turns"]}
         assert len(seen["observed"]) == len(turns)
-        every = [o["parent_turn"] is None if turns[sid, i]["gold_parent"] < 0 else
-                 o["parent_turn"] is not None and branch[sid][o["parent_turn"]] == turns[sid, i]["branch"]
+        every = [o.parent_turn is None if turns[sid, i]["gold_parent"] < 0 else
+                 o.parent_turn is not None and branch[sid][o.parent_turn] == turns[sid, i]["branch"]
                  for sid, i, o in seen["observed"]]
         assert res["state_localization_every_turn"] == mean4(every)
         # and it beats attaching every turn to the one before (the linear chain a forest-less memory builds)
@@ -100,7 +100,7 @@ def test_ablation_removes_the_forest(smoke_data, tmp_path):
 
 
 @pytest.mark.parametrize("overrides, msg", [
-    (["benchmark=bfcl"], "benchmark='bfcl' is unknown"),
+    (["benchmark=bfcl"], "option benchmark must be one of branchmem, locomo, longmemeval, beam, irc; got 'bfcl'"),
     (["method=magic"], "option method"),
     (["budget=10"], "smaller than the fixed prompt"),
     (["budget=lots"], "option budget must be an integer, got 'lots'"),
@@ -364,3 +364,29 @@ def test_plots_take_the_metric_a_benchmark_reports(tmp_path):
     written = plots(rows, tmp_path)
     assert [p.name for p in written] == ["budget_curve.png"]
     assert plots([{"benchmark": "x", "method": "bm25", "budget": 1, "ablation": "full"}], tmp_path) == []
+
+
+def test_routing_is_scored_for_any_method_that_routes_not_by_its_name(smoke_data, tmp_path):
+    """The harness reads what a method returns (Observation.route, ReadResult.route), never its name:
+    the previous-message baseline routes every turn to the one before it and is scored for that."""
+    res = run(ecfg(smoke_data, tmp_path, "method=previous_message"))
+    sessions = [json.loads(l) for l in (smoke_data / "jsonl" / "sessions.jsonl").open()]
+    every = []
+    for s in sessions:
+        for t in s["turns"]:
+            i = t["index"]
+            every.append(i == 0 and t["gold_parent"] < 0 or
+                         i > 0 and t["gold_parent"] >= 0 and s["turns"][i - 1]["branch"] == t["branch"])
+    assert res["state_localization_every_turn"] == mean4(every)
+    assert set(res["routes"]) == {"first", "previous"}
+    assert res["state_localization_at_questions"] is None  # its reads do not localize
+
+
+def test_every_benchmark_is_registered_once_with_its_whole_protocol():
+    from eval.protocols import BENCHMARKS, PROTOCOLS
+    from eval.protocols.base import Protocol
+
+    assert BENCHMARKS == ("branchmem", "locomo", "longmemeval", "beam", "irc")
+    for name, p in PROTOCOLS.items():
+        assert isinstance(p, Protocol) and p.name == name
+        assert all(callable(f) for f in (p.check, p.load, p.unit_id, p.replay, p.summarize))

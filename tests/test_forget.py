@@ -402,7 +402,7 @@ def test_a_v2_memory_gains_its_provenance_on_open(tmp_path):
 # ---------------------------------------------------------------------- the forgetting evaluation
 def _forget_sessions(smoke_data):
     from data_gen.branchmem.forgetting import with_forget_request
-    from eval.run import load_sessions
+    from eval.protocols.branchmem import load_sessions
 
     sessions = load_sessions(smoke_data)
     return [(s, with_forget_request(s, random.Random(i))) for i, s in enumerate(sessions)]

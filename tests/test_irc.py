@@ -148,6 +148,69 @@ def test_group_chat_recall_offers_the_addressed_speakers_latest_message_and_a_re
     mem.close()
 
 
+def test_group_chat_candidates_tell_the_reranker_who_wrote_them_and_how_long_ago(tmp_path):
+    from arbor_train.data import candidate_text
+    from arbor_train.runtime import ArborMemory, default_config
+    from data_gen.branchmem.mine import candidate_row
+
+    mem = ArborMemory.open(tmp_path / "m.sqlite", "chan", default_config("group_chat"))
+    for who, text, ts in [("alice", "how do I mount a usb disk", "23:58"), ("bob", "sound is broken", "23:59"),
+                          ("carol", "grub wants a password", "00:03")]:
+        mem.step(f"{who}: {text}", "", ts, speaker=who)
+    loc = mem.localize("dave: alice: use the mount command", speaker="dave", timestamp="00:05")
+    by_speaker = {c.speaker: c for c in loc.candidates}
+    alice = by_speaker["alice"]
+    assert (alice.back, alice.minutes) == (3, 7)  # three messages back; 23:58 -> 00:05 crosses midnight
+    assert (by_speaker["carol"].back, by_speaker["carol"].minutes) == (1, 2)
+    doc = alice.document()
+    assert doc.splitlines()[0] == "Speaker: alice (3 back, 7 min)" and doc.splitlines()[1].startswith("State: alice:")
+    # the training rows carry the same fields, so training scores the same text the runtime scores
+    turn_of = {c.node_id: c.node_id for c in loc.candidates}
+    assert candidate_text(candidate_row(alice, turn_of)) == doc
+    mem.close()
+    # one-user conversations (no speaker) read as before: no speaker line, topic first
+    mem = ArborMemory.open(tmp_path / "u.sqlite", "u", default_config())
+    mem.step("Plan Amelie's trip to Valencia.", "Sure.", "2025-01-01T10:00")
+    (c,) = mem.localize("Which hotel in Valencia?", for_question=True, timestamp="2025-01-01T10:30").candidates
+    assert c.speaker is None and c.document().startswith("Topic: ") and "Speaker" not in c.document()
+    assert "speaker" not in candidate_row(c, {c.node_id: 0})
+    mem.close()
+
+
+def test_minutes_between_reads_clock_times_and_iso_dates():
+    from arbor_train.runtime.text import minutes_between
+
+    assert minutes_between("10:00", "10:45") == 45
+    assert minutes_between("23:50", "00:10") == 20
+    assert minutes_between("2023-05-07T13:56", "2023-05-08T13:56") == 24 * 60
+    assert minutes_between(None, "10:00") is None and minutes_between("soon", "10:00") is None
+
+
+def test_routing_sets_written_before_the_group_chat_fields_still_load(tmp_path, smoke_data):
+    """Candidate rows gained speaker/back/minutes; a set written without them reads as one-user rows."""
+    from datasets import Dataset, Features, load_from_disk
+
+    from arbor_train.data import candidate_text, load_sets
+    from data_gen.schema import OPTIONAL, SchemaError, check_dataset, validate_row
+
+    ds = load_from_disk(str(smoke_data / "hf"))["routing"]
+    feats = dict(ds.features)
+    feats["candidates"] = [{k: v for k, v in ds.features["candidates"].feature.items() if k not in OPTIONAL}]
+    old = Dataset.from_list([dict(r, candidates=[{k: v for k, v in c.items() if k not in OPTIONAL}
+                                                 for c in r["candidates"]]) for r in ds], features=Features(feats))
+    check_dataset("routing", old)  # accepted
+    row = dict(next(r for r in old if r["candidates"]))
+    validate_row("routing", row, "routing[0]")
+    assert candidate_text(row["candidates"][0]).startswith("Topic: ")
+    bad = dict(row, candidates=[dict(row["candidates"][0], back="three")])
+    with pytest.raises(SchemaError, match=r"routing\[0\]\.candidates\[0\]\.back: expected int32"):
+        validate_row("routing", bad, "routing[0]")
+    renamed = old.rename_column("gold_parent", "parent")
+    with pytest.raises(SchemaError, match="features differ"):
+        check_dataset("routing", renamed)
+    assert load_sets(smoke_data, ["routing"])["routing"].num_rows == ds.num_rows
+
+
 def test_the_default_profile_keeps_one_recency_candidate_and_no_address_channel(tmp_path):
     from arbor_train.runtime import ArborMemory, default_config
 

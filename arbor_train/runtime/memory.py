@@ -32,7 +32,7 @@ from .schema import Candidate, Localization, Node
 from .store import Store
 from .tags import build_tagger
 from .text import entities as find_entities
-from .text import find_cue, match_cue, stems, truncate
+from .text import find_cue, match_cue, minutes_between, stems, truncate
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,14 @@ class Timings:
     extract_s: list[float] = field(default_factory=list)
     commit_s: list[float] = field(default_factory=list)
     assemble_s: list[float] = field(default_factory=list)
+
+
+def group_features(n: Node, latest: Node, now: str | None) -> dict[str, Any]:
+    """What a group-chat candidate adds to its reranker document: its speaker, how many messages back
+    it is, and the minutes since it (when the input has a time). Nothing for one-user conversations."""
+    if n.speaker is None:
+        return {}
+    return {"speaker": n.speaker, "back": latest.seq - n.seq + 1, "minutes": minutes_between(n.timestamp, now)}
 
 
 def _cfg(cfg: Any) -> dict:
@@ -126,7 +134,8 @@ class ArborMemory:
         lowered = {n.lower(): n for n in names}
         return list(dict.fromkeys(lowered[w.lower()] for w in words if w.lower() in lowered))
 
-    def _recall(self, text: str, q_emb: np.ndarray, latest: Node, speaker: str | None = None) -> list[Candidate]:
+    def _recall(self, text: str, q_emb: np.ndarray, latest: Node, speaker: str | None = None,
+                now: str | None = None) -> list[Candidate]:
         rc = self.cfg["recall"]
         ranks: dict[int, dict[str, float]] = {}
         fused: dict[int, float] = {}
@@ -164,19 +173,22 @@ class ArborMemory:
             ch["fused"] = round(fused[i], 5)
             cands.append(Candidate(node_id=i, topic_key=n.topic_key, path_summary=n.path_summary,
                                    node_summary=n.node_summary, entities=n.entities, seq=n.seq,
-                                   root_id=n.root_id, channels=ch))
+                                   root_id=n.root_id, channels=ch, **group_features(n, latest, now)))
         return cands
 
-    def localize(self, text: str, for_question: bool = False, speaker: str | None = None) -> Localization:
+    def localize(self, text: str, for_question: bool = False, speaker: str | None = None,
+                 timestamp: str | None = None) -> Localization:
         """Which committed state does this input resume? Reads only committed memory. `speaker` (group
-        chats) keeps a speaker's own name from counting as an address."""
+        chats) keeps a speaker's own name from counting as an address; `timestamp` (the input's time)
+        gives the reranker the minutes since each group-chat candidate."""
         t0 = time.perf_counter()
         try:
-            return self._localize(text, for_question, speaker)
+            return self._localize(text, for_question, speaker, timestamp)
         finally:
             self.timings.localize_s.append(time.perf_counter() - t0)
 
-    def _localize(self, text: str, for_question: bool, speaker: str | None = None) -> Localization:
+    def _localize(self, text: str, for_question: bool, speaker: str | None = None,
+                  timestamp: str | None = None) -> Localization:
         loc_cfg = self.cfg["localization"]
         latest = self.store.latest_node(self.conv)
         if latest is None:
@@ -190,7 +202,7 @@ class ArborMemory:
             cue = match_cue(text, loc_cfg["continuation_cues"])
             if cue and self._consistent(text, latest):
                 return Localization(self._tip(latest.id), "continuation", 1.0, cue)
-        cands = self._recall(text, q_emb, latest, speaker)
+        cands = self._recall(text, q_emb, latest, speaker, timestamp)
         if not cands:
             return Localization(None, "recall", 0.0)
         if not routing:
@@ -237,7 +249,7 @@ class ArborMemory:
     def step(self, user_text: str, assistant_text: str, timestamp: str | None = None,
              turn_key: str | None = None, speaker: str | None = None) -> tuple[Node, Localization]:
         self.lock_for_writing()
-        loc = self.localize(user_text, speaker=speaker)
+        loc = self.localize(user_text, speaker=speaker, timestamp=timestamp)
         return self.commit(user_text, assistant_text, loc, timestamp, turn_key=turn_key, speaker=speaker), loc
 
     def lock_for_writing(self) -> None:

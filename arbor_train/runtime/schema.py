@@ -133,15 +133,28 @@ class Candidate:
     root_id: int
     channels: dict[str, float] = field(default_factory=dict)  # recall channel -> channel score
     score: float = 0.0
+    speaker: str | None = None   # group chats: who wrote the candidate state
+    back: int | None = None      # group chats: messages since the candidate (1 = the latest)
+    minutes: int | None = None   # group chats: minutes between the candidate and the input, when both have times
 
     def document(self) -> str:
-        """The branch-aware text the rerankers score against the input."""
+        """The branch-aware text the rerankers score against the input.
+
+        In a group chat (the candidate has a speaker) a first line says who wrote it, how many messages
+        back and how many minutes ago, and the candidate's own message comes before its topic: with many
+        speakers, who and when carry much of the reply structure. One-user conversations read as before.
+        """
         ents = ", ".join(self.entities[:12])
         # most truncatable field last: encoders cut the pair at max_length
-        return (
-            f"Topic: {self.topic_key}\nState: {self.node_summary}\nEntities: {ents}\n"
-            f"Path: {self.path_summary}"
-        )
+        if self.speaker is None:
+            return (
+                f"Topic: {self.topic_key}\nState: {self.node_summary}\nEntities: {ents}\n"
+                f"Path: {self.path_summary}"
+            )
+        when = [f"{self.back} back"] if self.back is not None else []
+        when += [f"{self.minutes} min"] if self.minutes is not None else []
+        return (f"Speaker: {self.speaker} ({', '.join(when) or 'time unknown'})\nState: {self.node_summary}\n"
+                f"Topic: {self.topic_key}\nEntities: {ents}\nPath: {self.path_summary}")
 
 
 @dataclass

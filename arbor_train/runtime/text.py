@@ -191,3 +191,24 @@ def snake_case(key: str) -> str:
     key = re.sub(r"[^0-9a-zA-Z]+", "_", (key or "").strip()).strip("_")
     key = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key)
     return key.lower()
+
+
+_CLOCK = re.compile(r"^(\d{1,2}):(\d{2})$")
+
+
+def minutes_between(earlier: str | None, later: str | None) -> int | None:
+    """Whole minutes from one timestamp to a later one: ISO dates and times ("2023-05-08T13:56"), or
+    clock times of one day ("13:56", IRC logs; a smaller later clock is taken as past midnight). None
+    when either is missing or unreadable."""
+    from datetime import datetime
+
+    if not earlier or not later:
+        return None
+    a, b = _CLOCK.match(earlier.strip()), _CLOCK.match(later.strip())
+    if a and b:
+        d = (int(b[1]) * 60 + int(b[2])) - (int(a[1]) * 60 + int(a[2]))
+        return d if d >= 0 else d + 24 * 60
+    try:
+        return max(0, int((datetime.fromisoformat(later) - datetime.fromisoformat(earlier)).total_seconds() // 60))
+    except (ValueError, TypeError):
+        return None

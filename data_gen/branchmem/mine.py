@@ -16,18 +16,28 @@ from arbor_train.runtime import ArborMemory, Localization
 from .realize import Turn
 
 
+GROUP_FIELDS = ("speaker", "back", "minutes")  # a group-chat candidate's extra document fields (schema.Candidate)
+
+
 def candidate_row(c, turn_of: dict[int, int], recalled: bool = True) -> dict:
-    return {"turn": turn_of[c.node_id], "topic_key": c.topic_key, "path_summary": c.path_summary,
-            "node_summary": c.node_summary, "entities": list(c.entities),
-            "channels": json.dumps(c.channels, sort_keys=True), "runtime_score": round(float(c.score), 6),
-            "recalled": recalled}
+    row = {"turn": turn_of[c.node_id], "topic_key": c.topic_key, "path_summary": c.path_summary,
+           "node_summary": c.node_summary, "entities": list(c.entities),
+           "channels": json.dumps(c.channels, sort_keys=True), "runtime_score": round(float(c.score), 6),
+           "recalled": recalled}
+    if c.speaker is not None:
+        row.update({k: getattr(c, k) for k in GROUP_FIELDS})
+    return row
 
 
-def gold_candidate(mem: ArborMemory, node_id: int, turn_of: dict[int, int]) -> dict:
+def gold_candidate(mem: ArborMemory, node_id: int, turn_of: dict[int, int], now: str | None = None) -> dict:
+    """A gold state recall missed, as a candidate row (with the group-chat fields the runtime would give it)."""
+    from arbor_train.runtime.memory import group_features
+
     n = mem.store.get_node(node_id)
     return {"turn": turn_of[node_id], "topic_key": n.topic_key, "path_summary": n.path_summary,
             "node_summary": n.node_summary, "entities": list(n.entities), "channels": "{}",
-            "runtime_score": 0.0, "recalled": False}
+            "runtime_score": 0.0, "recalled": False,
+            **group_features(n, mem.store.latest_node(mem.conv), now)}
 
 
 def mine_session(session_id: str, turns: list[Turn], runtime_cfg: dict, components: dict) -> dict[str, list[dict]]:

@@ -1,0 +1,48 @@
+"""What every benchmark protocol is: how its units are checked and loaded, how one unit is replayed
+through a memory method, and how the records are summarized. `eval.run` drives any of them the same
+way; the registry is `eval.protocols.PROTOCOLS`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from arbor_train.errors import ConfigError, MissingInputError
+
+
+@dataclass(frozen=True)
+class Protocol:
+    name: str
+    check: Callable[[dict], None]           # refuse unusable options before anything is loaded
+    load: Callable[[dict], list]            # the units replayed: sessions, conversations or files
+    unit_id: Callable[[Any], str]           # the conversation id a method's memory is opened under
+    replay: Callable[..., tuple[list[dict], list[dict]]]  # (unit, method, answers, judge, c) -> (question, turn records)
+    summarize: Callable[[list[dict], list[dict]], dict]
+
+
+def check_input(c: dict) -> None:
+    """The benchmark's `<name>.input` option names an existing file or folder."""
+    b = c["benchmark"]
+    inp = (c.get(b) or {}).get("input")
+    if inp in (None, "", "???"):
+        raise ConfigError(f"benchmark={b} needs option {b}.input (the {b} file or folder), e.g. {b}.input=PATH")
+    if not Path(str(inp)).exists():
+        raise MissingInputError(f"option {b}.input={str(inp)!r}: no such file or folder")
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-quantile (nearest rank) of values, rounded; None when empty."""
+    v = sorted(values)
+    return round(v[min(len(v) - 1, int(q * len(v)))], 5) if v else None
+
+
+def ingest(conv, method) -> tuple[list, dict[str, int]]:
+    """Build a method's memory from a whole conversation (every interaction, in order); returns the
+    interactions and the map from turn id to interaction index that evidence ids are resolved with."""
+    from eval.benchmarks.schema import interactions
+
+    inters = interactions(conv)
+    for i, it in enumerate(inters):
+        method.observe(i, it.user, it.assistant, it.timestamp, False)
+    return inters, {tid: i for i, it in enumerate(inters) for tid in it.turn_ids}

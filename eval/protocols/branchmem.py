@@ -1,0 +1,119 @@
+"""BranchMemEval protocol: replay each session in order; at a question, freeze the committed prefix,
+read the context through the method, answer with the shared answer model, score by normalized
+rule-based match; the canonical response (not the prediction) continues the replay.
+
+Answer-model-independent metrics are reported for every run: gold-in-context and confounder-in-context
+rates, state-localization accuracy (the selected state lies on the gold branch) at questions and, for a
+method that routes turns, at every turn, and context tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from arbor_train.errors import MissingInputError
+
+from .base import Protocol, percentile
+
+
+def check(c: dict) -> None:
+    data = Path(c["data_dir"]) / "jsonl" / "sessions.jsonl"
+    if not data.exists():
+        raise MissingInputError(f"option data_dir={c['data_dir']!r}: {data} missing (python -m data_gen.branchmem)")
+
+
+def load_sessions(data_dir: str | Path) -> list[dict]:
+    """BranchMemEval sessions (<data_dir>/jsonl/sessions.jsonl), every row schema-checked; ids unique."""
+    from data_gen.io import read_rows
+
+    return read_rows(Path(data_dir) / "jsonl" / "sessions.jsonl", "sessions")
+
+
+def replay_session(sess: dict, method, answers, budget: int, apply_forget: bool = True) -> tuple[list[dict], list[dict]]:
+    """Replay one BranchMemEval session online: (question records, turn records).
+
+    A read whose route is None comes from a method that does not localize (its localization is not
+    scored); a turn whose observation has a route is scored for routing. A session with a forget request
+    (data_gen/branchmem/forgetting.py) has the method `forget` the named turns at the request (unless
+    apply_forget is false: the no-deletion control), the answer cache forget the answers built from
+    them, and every later read is checked for the forgotten value (`leak`).
+    """
+    from eval.scoring import answer_correct, context_flags, error_category
+
+    branch = {t["index"]: t["branch"] for t in sess["turns"]}
+    qinfo = {q["turn"]: q for q in sess["questions"]}
+    forget = sess.get("forget")
+    unit = f"{method.name}/{sess['session_id']}"
+    qrecs, trecs = [], []
+    for t in sess["turns"]:
+        if t.get("move") == "forget" and apply_forget:
+            method.forget(t["forget_turns"])
+            if answers is not None:
+                answers.forget(unit, t["forget_turns"])
+        gold_parent = t["gold_parent"] if t["gold_parent"] >= 0 else None
+        if t["is_question"]:
+            q = qinfo[t["index"]]
+            t0 = time.perf_counter()
+            r = method.read(t["user"], t["timestamp"], budget)
+            read_s = time.perf_counter() - t0
+            flags = context_flags(r.text, q["gold"], q["confounder"])
+            rec = {"session_id": sess["session_id"], "turn": t["index"], "question_type": q["type"],
+                   "dimension": q["dimension"], "gold": q["gold"], "confounder": q["confounder"],
+                   "context_tokens": r.tokens, "read_s": read_s, **flags,
+                   "localization_correct": (None if r.route is None
+                                            else r.selected_turn is not None and branch.get(r.selected_turn) == q["branch"]),
+                   "prediction": None}
+            if forget is not None:
+                rec["after_forget"] = t["index"] > forget["request_turn"]
+                rec["leak"] = rec["after_forget"] and context_flags(r.text, forget["value"], None)["gold_in_context"]
+            if answers is not None:
+                def done(pred, rec=rec, q=q, text=r.text):
+                    rec.update(prediction=pred, correct=answer_correct(pred, q["gold"], q["confounder"]),
+                               error=error_category(pred, q["gold"], q["confounder"], text))
+                answers.ask(r.text, t["user"], done, sources=(unit, r.turn_ids))
+            qrecs.append(rec)
+        t0 = time.perf_counter()
+        obs = method.observe(t["index"], t["user"], t["assistant"], t["timestamp"], t["is_question"])
+        ingest_s = time.perf_counter() - t0
+        trecs.append({"ingest_s": ingest_s})
+        if obs.route is not None:
+            chosen = obs.parent_turn
+            ok = (chosen is None) if gold_parent is None else (chosen is not None and branch.get(chosen) == t["branch"])
+            trecs[-1].update({"turn": t["index"], "route": obs.route, "correct": ok, "gold_new_root": gold_parent is None})
+    return qrecs, trecs
+
+
+def summarize(qrecs: list[dict], trecs: list[dict]) -> dict[str, Any]:
+    from eval.scoring import ERROR_CATEGORIES, aggregate
+
+    n = len(qrecs)
+    out: dict[str, Any] = {
+        "questions": n,
+        "gold_in_context": round(sum(r["gold_in_context"] for r in qrecs) / max(1, n), 4),
+        "confounder_in_context": round(sum(r["confounder_in_context"] for r in qrecs) / max(1, n), 4),
+        "context_tokens_mean": round(sum(r["context_tokens"] for r in qrecs) / max(1, n), 1),
+        "read_s_p50": percentile([r["read_s"] for r in qrecs], 0.5),
+        "read_s_p95": percentile([r["read_s"] for r in qrecs], 0.95),
+        "ingest_s_per_turn": round(sum(r["ingest_s"] for r in trecs) / len(trecs), 5) if trecs else None,
+    }
+    routed = [r for r in trecs if "correct" in r]
+    loc = [r["localization_correct"] for r in qrecs if r["localization_correct"] is not None]
+    out["state_localization_at_questions"] = round(sum(loc) / len(loc), 4) if loc else None
+    if routed:
+        out["state_localization_every_turn"] = round(sum(r["correct"] for r in routed) / len(routed), 4)
+        out["routes"] = dict(Counter(r["route"] for r in routed))
+    if qrecs and "correct" in qrecs[0]:
+        agg = aggregate(qrecs, ["dimension", "question_type"])
+        out["accuracy"] = agg["accuracy"]
+        out["accuracy_by_dimension"] = {k: v["accuracy"] for k, v in agg["by"]["dimension"]["groups"].items()}
+        out["accuracy_by_type"] = {k: v["accuracy"] for k, v in agg["by"]["question_type"]["groups"].items()}
+        out["errors"] = {c: agg["errors"].get(c, 0) for c in ERROR_CATEGORIES}  # every class, hedge included
+    return out
+
+
+PROTOCOL = Protocol(
+    name="branchmem", check=check, load=lambda c: load_sessions(c["data_dir"]), unit_id=lambda s: s["session_id"],
+    replay=lambda s, method, answers, judge, c: replay_session(s, method, answers, c["budget"]), summarize=summarize)

@@ -1,0 +1,77 @@
+"""LoCoMo protocol: the memory is built once per conversation, then each question of the categories in
+`locomo.categories` is read against the finished memory; evidence recall is the share of a question's
+evidence turns whose raw text the context holds, F1 (and an optional judge) score the answers."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from arbor_train.errors import ConfigError, parse_choice, parse_int
+
+from .base import Protocol, check_input, ingest, percentile
+
+
+def check(c: dict) -> None:
+    check_input(c)
+    cats = c["locomo"].get("categories")
+    if not isinstance(cats, list) or not cats:
+        raise ConfigError(f"option locomo.categories must be a non-empty list of LoCoMo categories (1-5), got {cats!r}")
+    for k, x in enumerate(cats):
+        parse_choice(parse_int(x, f"locomo.categories[{k}]"), f"locomo.categories[{k}]", (1, 2, 3, 4, 5))
+
+
+def load(c: dict) -> list:
+    from eval.benchmarks.locomo import load_locomo
+
+    return load_locomo(c["locomo"]["input"])
+
+
+def replay(conv, method, answers, judge, c: dict) -> tuple[list[dict], list[dict]]:
+    from eval.scoring import locomo_score
+
+    categories = [int(x) for x in c["locomo"]["categories"]]
+    _, idx_of = ingest(conv, method)
+    last_date = conv.sessions[-1].date_time if conv.sessions else None
+    recs = []
+    for q in conv.questions:
+        if int(q.category) not in categories:
+            continue
+        t0 = time.perf_counter()
+        r = method.read(q.question, last_date, c["budget"])
+        read_s = time.perf_counter() - t0
+        ev = {idx_of[e] for e in q.evidence if e in idx_of}
+        rec = {"session_id": conv.conversation_id, "question_id": q.question_id, "category": q.category,
+               "context_tokens": r.tokens, "read_s": read_s,
+               "evidence_recall": (len(ev & set(r.turn_ids)) / len(ev)) if ev else None}
+        if answers is not None:
+            def done(pred, rec=rec, q=q):
+                rec["prediction"] = pred
+                rec["score"] = locomo_score(pred, q.answer if q.answer is not None else "", int(q.category))
+                if judge is not None:  # Mem0-style J: a lenient CORRECT/WRONG judgement by an LLM
+                    rec["judge_correct"] = judge.correct("locomo", q.question, q.answer or "", pred)
+            answers.ask(r.text, q.question, done)
+        recs.append(rec)
+    return recs, []
+
+
+def summarize(recs: list[dict], _: list[dict]) -> dict[str, Any]:
+    from eval.scoring import aggregate
+
+    ev = [r["evidence_recall"] for r in recs if r["evidence_recall"] is not None]
+    out: dict[str, Any] = {"questions": len(recs), "evidence_recall": round(sum(ev) / len(ev), 4) if ev else None,
+                           "context_tokens_mean": round(sum(r["context_tokens"] for r in recs) / max(1, len(recs)), 1)}
+    out["read_s_p50"] = percentile([r["read_s"] for r in recs], 0.5)
+    out["read_s_p95"] = percentile([r["read_s"] for r in recs], 0.95)
+    if recs and "score" in recs[0]:
+        agg = aggregate(recs, ["category"])
+        out["f1"] = agg["accuracy"]
+        out["f1_by_category"] = {k: v["accuracy"] for k, v in agg["by"]["category"]["groups"].items()}
+    judged = [r["judge_correct"] for r in recs if "judge_correct" in r]
+    if judged:
+        out["judge_accuracy"] = round(sum(judged) / len(judged), 4)
+    return out
+
+
+PROTOCOL = Protocol(name="locomo", check=check, load=load, unit_id=lambda conv: conv.conversation_id,
+                    replay=replay, summarize=summarize)
