@@ -223,6 +223,50 @@ def test_supplemental_turns_need_a_strict_match_and_default_to_zero(runtime_cfg,
     mem.close()
 
 
+def test_the_read_path_is_the_layer_list_in_its_configured_order(runtime_cfg, tmp_path, turns):
+    """context.layers decides which evidence layers are read and in what order; budgets per entry."""
+    import copy
+
+    q = "Is Hotel Infante near Belem Tower?"
+    mem = build(runtime_cfg, tmp_path / "a", turns)
+    _, base = mem.read(q)
+    mem.close()
+    names = [b.name for b in base.blocks]
+    assert names[0] == "PrimaryPath" and "Supplemental" not in names
+    # supplemental first, every BM25 hit, with its own budget: it is read before the routed history
+    cfg = copy.deepcopy(runtime_cfg)
+    cfg["context"]["layers"] = [{"layer": "supplemental", "budget": 300}, "primary_path", "atomic_facts"]
+    cfg["context"]["supplemental_match"] = "keyword"
+    mem = build(cfg, tmp_path / "b", turns)
+    _, ctx = mem.read(q)
+    assert [b.name for b in ctx.blocks][:2] == ["Supplemental", "PrimaryPath"]
+    assert set(b.name for b in ctx.blocks) <= {"Supplemental", "PrimaryPath", "AtomicFacts"}
+    assert ctx.block("Supplemental").tokens <= 300
+    assert not set(ctx.block("Supplemental").node_ids) & set(ctx.block("PrimaryPath").node_ids)
+    mem.close()
+    # when_intents: the entry applies only to questions with that intent
+    cfg = copy.deepcopy(runtime_cfg)
+    cfg["context"]["layers"] = [{"layer": "states", "when_intents": ["count"]}, "primary_path"]
+    mem = build(cfg, tmp_path / "c", turns)
+    assert {b.name for b in mem.read("What is Alice's budget?")[1].blocks} == {"PrimaryPath"}
+    mem.close()
+
+
+@pytest.mark.parametrize("layers, msg", [
+    (["primary_path", "gossip"], r"context\.layers\[1\] must name a layer"),
+    ([{"layer": "states", "when_intents": ["someday"]}], r"context\.layers\[0\]\.when_intents"),
+    ([{"layer": "states", "budget": -5}], r"context\.layers\[0\]\.budget"),
+    ([{"layer": "states", "order": 1}], r"context\.layers\[0\]: unknown keys \['order'\]"),
+    ([], r"context\.layers must be a non-empty list"),
+])
+def test_a_bad_layer_list_is_refused_naming_the_entry(runtime_cfg, tmp_path, layers, msg):
+    from arbor_train.errors import ConfigError
+
+    runtime_cfg["context"]["layers"] = layers
+    with pytest.raises(ConfigError, match=msg):
+        ArborMemory.open(tmp_path / "m.sqlite", "c", runtime_cfg)
+
+
 def test_branch_localization_separates_parallel_agendas(runtime_cfg, tmp_path, turns):
     mem = build(runtime_cfg, tmp_path, turns)
     nodes = mem.nodes()

@@ -1,6 +1,6 @@
-"""Answer-time context assembly under a token read budget.
-
-Layers, in the order the answer model reads them (the method's priority rules):
+"""Answer-time context assembly under a token read budget: the token counter, the budget packer and
+the context's blocks. Which blocks a read holds, and in what order, is `context.layers` (layers.py);
+in the main configuration:
   Computed        deterministic answers from events (count / sum / latest / earliest / compare)
   UpdateEvidence  old -> new revision chains (first for update questions: previous / current)
   PrimaryPath     the selected root-to-node trajectory; past the branch budget, the 4 most recent

@@ -23,16 +23,17 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from .context import Block, BudgetPacker, Context, TokenCounter, question_intents, ts_prefix
+from .context import BudgetPacker, Context, TokenCounter, question_intents
 from .embed import build_embedder
 from .extract import Extraction, ExtractorSet, TurnInput
 from .index import VectorIndex, index_path
+from .layers import Read, build_blocks, check_layers
 from .rerank import build_reranker
 from .schema import Candidate, Localization, Node
 from .store import Store
 from .tags import build_tagger
 from .text import entities as find_entities
-from .text import find_cue, match_cue, minutes_between, stems, truncate
+from .text import find_cue, match_cue, minutes_between, truncate
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ class ArborMemory:
     def __init__(self, store: Store, conversation_id: str, cfg: Any, components: dict | None = None):
         cfg = _cfg(cfg)
         self.cfg = cfg
+        self.layers = check_layers(cfg["context"])  # the read path, checked before any model loads
         self.store = store
         self.conv = conversation_id
         comp = components or build_components(cfg)
@@ -411,6 +413,7 @@ class ArborMemory:
             self.timings.assemble_s.append(time.perf_counter() - t0)
 
     def _assemble(self, question: str, loc: Localization, now: str | None, budget: int | None) -> Context:
+        """The context: the evidence layers of `context.layers`, in their order (layers.py)."""
         cc = self.cfg["context"]
         budget = int(budget or cc["read_budget"])
         header = f"Current time: {now}" if now else "Current time: unknown"
@@ -419,150 +422,13 @@ class ArborMemory:
             raise ConfigError(f"read budget {budget} tokens is smaller than the fixed prompt ({fixed} tokens)")
         packer = BudgetPacker(self.counter, budget - fixed)
         intents = question_intents(question)
-        q_stems = stems(question)
-        q_ents = {e.lower() for e in find_entities(question)}
-        abl = self.ablation
-        blocks: list[Block] = []
-        conv, st = self.conv, self.store
-
-        primary_ids: list[int] = []
+        path: list[Node] = []
         if loc.parent_id is not None:
-            path = (st.trajectory(loc.parent_id, cc["max_path_nodes"]) if abl["state_localization"]
-                    else st.recent_nodes(conv, cc["linear_window"]))
-            primary_ids = [n.id for n in path]
-        else:
-            path = []
-
-        def relevant(text: str, extra: list[str] = ()) -> float:
-            s = stems(text + " " + " ".join(extra))
-            return len(q_stems & s) / max(1, len(q_stems))
-
-        # Computed answers and event evidence (structured evidence)
-        events = (st.search_events(conv, question, cc["evidence_k"])
-                  if (abl["structured_evidence"] and abl["structured_extraction"]) else [])
-        matched_events = [e for e in events
-                          if relevant(f"{e.subject} {e.action} {e.category} {e.text}", e.entities) >= cc["event_match"]
-                          and (e.subject == "user" or e.subject.lower() in q_ents or not q_ents)]
-        if matched_events and intents & {"count", "sum", "latest", "earliest", "compare"}:
-            lines = []
-            by_unit: dict[str | None, float] = {}
-            for e in matched_events:
-                if e.quantity is not None:
-                    by_unit[e.unit] = by_unit.get(e.unit, 0.0) + e.quantity
-            if "count" in intents:
-                lines.append(f"count of matching events = {len(matched_events)}")
-            if "sum" in intents or "compare" in intents:
-                for unit, tot in by_unit.items():
-                    amount = f"{unit}{tot:g}" if unit in {"$", "€", "£"} else f"{tot:g} {unit or ''}".strip()
-                    lines.append(f"sum over matching events = {amount}")
-            dated = sorted(matched_events, key=lambda e: (e.date or "", e.seq))
-            if "latest" in intents:
-                lines.append(f"latest matching event: {ts_prefix(dated[-1].date)}{dated[-1].text}")
-            if "earliest" in intents:
-                lines.append(f"earliest matching event: {ts_prefix(dated[0].date)}{dated[0].text}")
-            src = sorted({s for e in matched_events for s in e.sources})
-            blocks.append(packer.fill(Block("Computed"), [(l, src) for l in lines], cc["structured_budget"]))
-
-        # Update evidence (old -> new chains) and current states
-        chains = (st.search_records(conv, question, cc["evidence_k"], cc["max_versions"])
-                  if abl["structured_extraction"] else [])
-        kept_chains = []
-        for chain in chains:
-            r = chain[-1]
-            if relevant(f"{r.key.replace('_', ' ')} {r.value} {r.subject}", r.entities) < cc["record_match"]:
-                continue
-            if r.subject != "user" and q_ents and r.subject.lower() not in q_ents:
-                continue
-            kept_chains.append(chain)
-        update_lines, state_lines = [], []
-        for chain in kept_chains:
-            label = f"{chain[0].key} ({chain[0].subject})"
-            src = sorted({s for r in chain for s in r.sources})
-            if len(chain) > 1:
-                hist = " -> ".join(f"{r.value} {ts_prefix(r.timestamps[0]).strip()}".strip() for r in chain)
-                update_lines.append((f"{label}: {hist} (previous: {chain[-2].value}; current: {chain[-1].value})", src))
-            else:
-                state_lines.append((f"{label}: {chain[0].value} {ts_prefix(chain[0].timestamps[0]).strip()}".strip(), src))
-        update_first = bool(intents & {"previous", "current"})
-        if update_lines and update_first:
-            blocks.append(packer.fill(Block("UpdateEvidence"), update_lines, cc["update_budget"]))
-
-        # Primary routed history
-        if path:
-            blocks.append(self._primary_block(path, packer, cc))
-
-        if update_lines and not update_first:
-            blocks.append(packer.fill(Block("UpdateEvidence"), update_lines, cc["update_budget"]))
-
-        # Atomic facts, retrieved independently of the trajectory
-        if abl["atomic_facts"]:
-            q_tags = set(self.tagger.predict([question])[0]) if cc["filter_facts_by_tag"] else set()
-            hits = st.search_facts(conv, question, cc["fact_k"])
-            lines = []
-            for f, _ in hits:
-                if f.superseded_by is not None:
-                    continue
-                if q_tags and f.tags and not (q_tags & set(f.tags)):
-                    continue
-                stamp = next((t for t in reversed(f.timestamps) if t), None)
-                lines.append((f"{ts_prefix(stamp)}{f.text}", f.sources))
-            blocks.append(packer.fill(Block("AtomicFacts"), lines, cc["fact_budget"]))
-        if state_lines:
-            blocks.append(packer.fill(Block("States"), state_lines, cc["update_budget"]))
-
-        # Structured blocks
-        if abl["structured_evidence"] and abl["structured_extraction"]:
-            arts = st.search_artifacts(conv, question, cc["evidence_k"])
-            if "previous" not in intents:
-                arts = [a for a in arts if a.superseded_by is None]
-            lines = []
-            for a in arts:
-                if relevant(f"{a.name} {a.subject} {' '.join(a.items)}", a.entities) < cc["artifact_match"]:
-                    continue
-                if a.subject != "user" and q_ents and a.subject.lower() not in q_ents:
-                    continue
-                status = "current" if a.superseded_by is None else "superseded"
-                items = "; ".join(f"{i + 1}. {it}" for i, it in enumerate(a.items))
-                lines.append((f"{a.name} ({a.subject}, {status}) {ts_prefix(a.timestamps[0]).strip()}: {items}", a.sources))
-            blocks.append(packer.fill(Block("ArtifactEvidence"), lines, cc["structured_budget"]))
-            ev_lines = [(f"{ts_prefix(e.date)}{e.text}", e.sources) for e in matched_events]
-            blocks.append(packer.fill(Block("EventEvidence"), ev_lines, cc["structured_budget"]))
-
-        # Strict supplemental turns from other branches (zero budget in the main configuration)
-        sup_budget = cc["supplemental_budget"]
-        if sup_budget > 0:
-            primary = set(primary_ids)
-            lines = []
-            for nid, _ in st.keyword_search(conv, question, cc["supplemental_k"]):
-                if nid in primary:
-                    continue
-                n = st.get_node(nid)
-                if q_ents & {e.lower() for e in n.entities}:  # direct entity / date / exact value match only
-                    lines.append((f"{ts_prefix(n.timestamp)}{n.raw}", [nid]))
-            blocks.append(packer.fill(Block("Supplemental"), lines, sup_budget))
-
-        blocks = [b for b in blocks if b.lines]
+            path = (self.store.trajectory(loc.parent_id, cc["max_path_nodes"]) if self.ablation["state_localization"]
+                    else self.store.recent_nodes(self.conv, cc["linear_window"]))
+        r = Read(self, question, loc, packer, intents, {e.lower() for e in find_entities(question)}, path)
+        blocks = build_blocks(r, self.layers)
         return Context(blocks=blocks, header=header, tokens=fixed + packer.used, budget=budget, intents=intents)
-
-    def _primary_block(self, path: list[Node], packer: BudgetPacker, cc: dict) -> Block:
-        """The trajectory raw if it fits the branch budget; else the `raw_recent` newest nodes raw and
-        older ones as summaries, newest first, each dropped oldest-first when even that does not fit."""
-        raw = [(f"{ts_prefix(n.timestamp)}{n.raw}", [n.id]) for n in path]
-        cap = min(cc["branch_budget"], packer.remaining())
-        if packer.cost("PrimaryPath", raw) <= cap:
-            return packer.fill(Block("PrimaryPath"), raw, cap)
-        keep = cc["raw_recent"]
-        summaries = [(f"{ts_prefix(n.timestamp)}(summary) {n.node_summary}", [n.id]) for n in path[:-keep]]
-        chosen: list[tuple[int, tuple[str, list[int]]]] = []
-        # newest raw first, then newest summaries, while the block still fits
-        order = [(i, raw[i]) for i in range(len(path) - 1, len(path) - 1 - min(keep, len(path)), -1)]
-        order += [(i, summaries[i]) for i in range(len(summaries) - 1, -1, -1)]
-        for i, line in order:
-            if packer.cost("PrimaryPath", [l for _, l in chosen] + [line]) > cap:
-                break
-            chosen.append((i, line))
-        chosen.sort(key=lambda x: x[0])
-        return packer.fill(Block("PrimaryPath"), [l for _, l in chosen], cap)
 
     # ------------------------------------------------------------------ inspection
     def nodes(self) -> list[Node]:

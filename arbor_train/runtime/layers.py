@@ -1,0 +1,284 @@
+"""The read path as evidence layers: one small builder per layer, run in the order `context.layers`
+lists them (conf/runtime/default.yaml), each filling its block of the context under its own budget.
+
+An entry of `context.layers` is `{layer: <name>}` plus optional keys:
+- `when_intents: [previous, current]`: the entry applies only to a question with one of these intents
+  (the method's rule "update evidence first for previous/current questions" is such an entry, listed
+  before the primary path, with a plain `update_evidence` entry after it);
+- `budget: N`: this entry's token cap instead of the layer's default budget option.
+A layer runs at most once per read: a later entry of a layer that already ran is skipped. Layers (`LAYERS`), their default budget options, and their match rules (also in `context`):
+
+  computed          Computed: count / sum / latest / earliest over matching events (structured_budget)
+  update_evidence   UpdateEvidence: old -> new revision chains (update_budget; record_match)
+  primary_path      PrimaryPath: the routed trajectory; past the branch budget, raw_recent newest nodes
+                    raw and older ones as summaries (branch_budget)
+  atomic_facts      AtomicFacts: facts retrieved independently, filtered by predicted tags (fact_budget)
+  states            States: current single-version states that match (update_budget; record_match)
+  artifacts         ArtifactEvidence: ordered lists that match (structured_budget; artifact_match)
+  events            EventEvidence: the matching events (structured_budget; event_match)
+  supplemental      Supplemental: raw turns outside the primary path by BM25 (supplemental_budget,
+                    supplemental_k); `supplemental_match: entity` keeps only turns sharing an entity,
+                    date or exact value with the question, `keyword` keeps every hit
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..errors import ConfigError
+from .context import Block, BudgetPacker, ts_prefix
+from .text import stems
+
+if TYPE_CHECKING:
+    from .schema import Localization, Node
+
+
+@dataclass
+class Read:
+    """One read in progress: the question, the routed trajectory, the packer, what layers share."""
+
+    mem: Any  # ArborMemory (not imported: memory.py imports this module)
+    question: str
+    loc: "Localization"
+    packer: BudgetPacker
+    intents: set[str]
+    q_ents: set[str]
+    path: list["Node"] = field(default_factory=list)
+
+    @property
+    def cc(self) -> dict:
+        return self.mem.cfg["context"]
+
+    @property
+    def abl(self) -> dict:
+        return self.mem.ablation
+
+    @property
+    def structured(self) -> bool:
+        return bool(self.abl["structured_evidence"] and self.abl["structured_extraction"])
+
+    @cached_property
+    def q_stems(self) -> set[str]:
+        return stems(self.question)
+
+    def relevant(self, text: str, extra: list[str] = ()) -> float:
+        """Share of the question's stems found in the text (and extra terms)."""
+        s = stems(text + " " + " ".join(extra))
+        return len(self.q_stems & s) / max(1, len(self.q_stems))
+
+    def about_asked(self, subject: str) -> bool:
+        """An item about the user, or about someone the question names (or the question names no one)."""
+        return subject == "user" or not self.q_ents or subject.lower() in self.q_ents
+
+    @cached_property
+    def matched_events(self) -> list:
+        if not self.structured:
+            return []
+        cc, st = self.cc, self.mem.store
+        return [e for e in st.search_events(self.mem.conv, self.question, cc["evidence_k"])
+                if self.relevant(f"{e.subject} {e.action} {e.category} {e.text}", e.entities) >= cc["event_match"]
+                and self.about_asked(e.subject)]
+
+    @cached_property
+    def chains(self) -> tuple[list, list]:
+        """(update lines of multi-version chains, state lines of single versions) that match."""
+        if not self.abl["structured_extraction"]:
+            return [], []
+        cc = self.cc
+        update_lines, state_lines = [], []
+        for chain in self.mem.store.search_records(self.mem.conv, self.question, cc["evidence_k"], cc["max_versions"]):
+            r = chain[-1]
+            if self.relevant(f"{r.key.replace('_', ' ')} {r.value} {r.subject}", r.entities) < cc["record_match"]:
+                continue
+            if r.subject != "user" and self.q_ents and r.subject.lower() not in self.q_ents:
+                continue
+            label = f"{chain[0].key} ({chain[0].subject})"
+            src = sorted({s for x in chain for s in x.sources})
+            if len(chain) > 1:
+                hist = " -> ".join(f"{x.value} {ts_prefix(x.timestamps[0]).strip()}".strip() for x in chain)
+                update_lines.append((f"{label}: {hist} (previous: {chain[-2].value}; current: {chain[-1].value})", src))
+            else:
+                state_lines.append((f"{label}: {chain[0].value} {ts_prefix(chain[0].timestamps[0]).strip()}".strip(), src))
+        return update_lines, state_lines
+
+
+def computed(r: Read, cap: int) -> Block | None:
+    events = r.matched_events
+    if not events or not r.intents & {"count", "sum", "latest", "earliest", "compare"}:
+        return None
+    lines = []
+    by_unit: dict[str | None, float] = {}
+    for e in events:
+        if e.quantity is not None:
+            by_unit[e.unit] = by_unit.get(e.unit, 0.0) + e.quantity
+    if "count" in r.intents:
+        lines.append(f"count of matching events = {len(events)}")
+    if "sum" in r.intents or "compare" in r.intents:
+        for unit, tot in by_unit.items():
+            amount = f"{unit}{tot:g}" if unit in {"$", "€", "£"} else f"{tot:g} {unit or ''}".strip()
+            lines.append(f"sum over matching events = {amount}")
+    dated = sorted(events, key=lambda e: (e.date or "", e.seq))
+    if "latest" in r.intents:
+        lines.append(f"latest matching event: {ts_prefix(dated[-1].date)}{dated[-1].text}")
+    if "earliest" in r.intents:
+        lines.append(f"earliest matching event: {ts_prefix(dated[0].date)}{dated[0].text}")
+    src = sorted({s for e in events for s in e.sources})
+    return r.packer.fill(Block("Computed"), [(line, src) for line in lines], cap)
+
+
+def update_evidence(r: Read, cap: int) -> Block | None:
+    lines = r.chains[0]
+    return r.packer.fill(Block("UpdateEvidence"), lines, cap) if lines else None
+
+
+def primary_path(r: Read, cap: int) -> Block | None:
+    """The trajectory raw if it fits the branch budget; else the `raw_recent` newest nodes raw and
+    older ones as summaries, newest first, each dropped oldest-first when even that does not fit."""
+    path, packer = r.path, r.packer
+    if not path:
+        return None
+    raw = [(f"{ts_prefix(n.timestamp)}{n.raw}", [n.id]) for n in path]
+    cap = min(cap, packer.remaining())
+    if packer.cost("PrimaryPath", raw) <= cap:
+        return packer.fill(Block("PrimaryPath"), raw, cap)
+    keep = r.cc["raw_recent"]
+    summaries = [(f"{ts_prefix(n.timestamp)}(summary) {n.node_summary}", [n.id]) for n in path[:-keep]]
+    chosen: list[tuple[int, tuple[str, list[int]]]] = []
+    # newest raw first, then newest summaries, while the block still fits
+    order = [(i, raw[i]) for i in range(len(path) - 1, len(path) - 1 - min(keep, len(path)), -1)]
+    order += [(i, summaries[i]) for i in range(len(summaries) - 1, -1, -1)]
+    for i, line in order:
+        if packer.cost("PrimaryPath", [l for _, l in chosen] + [line]) > cap:
+            break
+        chosen.append((i, line))
+    chosen.sort(key=lambda x: x[0])
+    return packer.fill(Block("PrimaryPath"), [l for _, l in chosen], cap)
+
+
+def atomic_facts(r: Read, cap: int) -> Block | None:
+    if not r.abl["atomic_facts"]:
+        return None
+    cc = r.cc
+    q_tags = set(r.mem.tagger.predict([r.question])[0]) if cc["filter_facts_by_tag"] else set()
+    lines = []
+    for f, _ in r.mem.store.search_facts(r.mem.conv, r.question, cc["fact_k"]):
+        if f.superseded_by is not None:
+            continue
+        if q_tags and f.tags and not (q_tags & set(f.tags)):
+            continue
+        stamp = next((t for t in reversed(f.timestamps) if t), None)
+        lines.append((f"{ts_prefix(stamp)}{f.text}", f.sources))
+    return r.packer.fill(Block("AtomicFacts"), lines, cap)
+
+
+def states(r: Read, cap: int) -> Block | None:
+    lines = r.chains[1]
+    return r.packer.fill(Block("States"), lines, cap) if lines else None
+
+
+def artifacts(r: Read, cap: int) -> Block | None:
+    if not r.structured:
+        return None
+    cc = r.cc
+    arts = r.mem.store.search_artifacts(r.mem.conv, r.question, cc["evidence_k"])
+    if "previous" not in r.intents:
+        arts = [a for a in arts if a.superseded_by is None]
+    lines = []
+    for a in arts:
+        if r.relevant(f"{a.name} {a.subject} {' '.join(a.items)}", a.entities) < cc["artifact_match"]:
+            continue
+        if a.subject != "user" and r.q_ents and a.subject.lower() not in r.q_ents:
+            continue
+        status = "current" if a.superseded_by is None else "superseded"
+        items = "; ".join(f"{i + 1}. {it}" for i, it in enumerate(a.items))
+        lines.append((f"{a.name} ({a.subject}, {status}) {ts_prefix(a.timestamps[0]).strip()}: {items}", a.sources))
+    return r.packer.fill(Block("ArtifactEvidence"), lines, cap)
+
+
+def events(r: Read, cap: int) -> Block | None:
+    if not r.structured:
+        return None
+    lines = [(f"{ts_prefix(e.date)}{e.text}", e.sources) for e in r.matched_events]
+    return r.packer.fill(Block("EventEvidence"), lines, cap)
+
+
+SUPPLEMENTAL_MATCH = ("entity", "keyword")
+
+
+def supplemental(r: Read, cap: int) -> Block | None:
+    """Raw turns outside the primary path, by BM25; filled where the order puts it (last by default, so
+    it never displaces the routed history)."""
+    if cap <= 0:
+        return None
+    cc, st = r.cc, r.mem.store
+    rule = cc.get("supplemental_match", "entity")
+    primary = {n.id for n in r.path}
+    hits = [nid for nid, _ in st.keyword_search(r.mem.conv, r.question, cc["supplemental_k"]) if nid not in primary]
+    nodes = st.get_nodes(hits)
+    lines = []
+    for nid in hits:
+        n = nodes[nid]
+        if rule == "keyword" or r.q_ents & {e.lower() for e in n.entities}:  # entity: a direct entity / date / value match
+            lines.append((f"{ts_prefix(n.timestamp)}{n.raw}", [nid]))
+    return r.packer.fill(Block("Supplemental"), lines, cap)
+
+
+# layer -> (builder, the context option holding its default budget)
+LAYERS: dict[str, tuple[Callable[[Read, int], Block | None], str]] = {
+    "computed": (computed, "structured_budget"),
+    "update_evidence": (update_evidence, "update_budget"),
+    "primary_path": (primary_path, "branch_budget"),
+    "atomic_facts": (atomic_facts, "fact_budget"),
+    "states": (states, "update_budget"),
+    "artifacts": (artifacts, "structured_budget"),
+    "events": (events, "structured_budget"),
+    "supplemental": (supplemental, "supplemental_budget"),
+}
+
+
+def check_layers(cc: dict) -> list[dict]:
+    """`context.layers` as entries {layer, when_intents, budget}; a bad entry names the option."""
+    from .context import INTENT_CUES
+
+    entries = cc.get("layers")
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"runtime option context.layers must be a non-empty list of layers ({', '.join(LAYERS)}), "
+                          f"got {entries!r}")
+    out = []
+    for k, e in enumerate(entries):
+        e = {"layer": e} if isinstance(e, str) else e
+        where = f"runtime option context.layers[{k}]"
+        if not isinstance(e, dict) or e.get("layer") not in LAYERS:
+            raise ConfigError(f"{where} must name a layer ({', '.join(LAYERS)}), got {e!r}")
+        if set(e) - {"layer", "when_intents", "budget"}:
+            raise ConfigError(f"{where}: unknown keys {sorted(set(e) - {'layer', 'when_intents', 'budget'})} "
+                              "(layer, when_intents, budget)")
+        when = e.get("when_intents")
+        if when is not None and (not isinstance(when, list) or not set(when) <= set(INTENT_CUES)):
+            raise ConfigError(f"{where}.when_intents must be a list of intents ({', '.join(INTENT_CUES)}), got {when!r}")
+        b = e.get("budget")
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 0):
+            raise ConfigError(f"{where}.budget must be a whole number of tokens >= 0, got {b!r}")
+        out.append({"layer": e["layer"], "when_intents": when, "budget": b})
+    if cc.get("supplemental_match", "entity") not in SUPPLEMENTAL_MATCH:
+        raise ConfigError(f"runtime option context.supplemental_match must be one of {', '.join(SUPPLEMENTAL_MATCH)}, "
+                          f"got {cc.get('supplemental_match')!r}")
+    return out
+
+
+def build_blocks(r: Read, entries: list[dict]) -> list[Block]:
+    """Run the layers in order, each at most once; the blocks that hold lines, in that order."""
+    ran: set[str] = set()
+    blocks: list[Block] = []
+    for e in entries:
+        name = e["layer"]
+        if name in ran or (e["when_intents"] is not None and not r.intents & set(e["when_intents"])):
+            continue
+        ran.add(name)
+        builder, budget_key = LAYERS[name]
+        block = builder(r, e["budget"] if e["budget"] is not None else int(r.cc[budget_key]))
+        if block is not None and block.lines:
+            blocks.append(block)
+    return blocks
