@@ -3,6 +3,7 @@
     python -m eval.compare methods   [eval overrides...]   # arbormem, full_context, bm25, dense, fact_store
     python -m eval.compare ablations [eval overrides...]   # full and each component removed alone
     python -m eval.compare budgets   [eval overrides...]   # 256 ... 32768 tokens for arbormem and the baselines
+    python -m eval.compare policies  [eval overrides...]   # read policies vs BM25 and dense at 512-2048 tokens
 
 Overrides are those of `python -m eval.run` (Hydra syntax), e.g. `runtime_profile=tuned
 'runtime_overrides=["reranker.bundle.path=outputs/bundles/reranker"]' answer_model=smollm2`. Every run
@@ -22,6 +23,11 @@ SETS = {
         "state_localization", "routing", "atomic_facts", "structured_extraction", "structured_evidence")],
     "budgets": [[f"method={m}", f"budget={b}"] for m in ("arbormem", "full_context", "bm25", "dense")
                 for b in (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)],
+    # the two read policies (conf/runtime/default.yaml: in-dialogue; cross_session.yaml: after the
+    # conversation) beside BM25 and MiniLM dense retrieval, at three budgets; pass benchmark=locomo for LoCoMo
+    "policies": [[f"budget={b}", *m] for b in (512, 1024, 2048) for m in (
+        ["method=arbormem", "runtime_profile=default"], ["method=arbormem", "runtime_profile=cross_session"],
+        ["method=bm25", "runtime_profile=default"], ["method=dense", "runtime_profile=minilm"])],
 }
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 COLUMNS = ("benchmark", "method", "runtime_profile", "ablation", "budget", "questions", "accuracy", "gold_in_context",
            "confounder_in_context", "state_localization_at_questions", "state_localization_every_turn",
-           "evidence_recall", "f1", "context_tokens_mean", "ingest_s_per_turn", "read_s_p50", "read_s_p95", "questions_per_hour")
+           "evidence_recall", "answer_token_recall", "f1", "context_tokens_mean", "ingest_s_per_turn", "read_s_p50", "read_s_p95", "questions_per_hour")
 
 
 def collect(paths: list[str | Path]) -> list[dict]:
@@ -47,6 +47,28 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
+def label(r: dict) -> str:
+    """A row's method, with its runtime profile where that is not the default."""
+    prof = r.get("runtime_profile", "default")
+    return r["method"] if prof == "default" else f"{r['method']} ({prof})"
+
+
+def category_table(rows: list[dict]) -> str:
+    """Per LoCoMo category: evidence recall / answer-token recall of each run ("" when no run has them)."""
+    rows = [r for r in rows if r.get("evidence_recall_by_category")]
+    if not rows:
+        return ""
+    cats = sorted({c for r in rows for c in r["evidence_recall_by_category"]}, key=str)
+    out = ["| method | budget | " + " | ".join(f"cat {c} evidence / tokens" for c in cats) + " | all |",
+           "|---|---:|" + "---:|" * (len(cats) + 1)]
+    for r in sorted(rows, key=lambda r: (label(r), r.get("budget", 0))):
+        ev, tok = r["evidence_recall_by_category"], r.get("answer_token_recall_by_category") or {}
+        cells = [f"{_fmt(ev.get(c))} / {_fmt(tok.get(c))}" for c in cats]
+        out.append(f"| {label(r)} | {r.get('budget')} | " + " | ".join(cells)
+                   + f" | {_fmt(r.get('evidence_recall'))} / {_fmt(r.get('answer_token_recall'))} |")
+    return "\n".join(out) + "\n"
+
+
 def plots(rows: list[dict], out: Path) -> list[Path]:
     import matplotlib
 
@@ -61,14 +83,12 @@ def plots(rows: list[dict], out: Path) -> list[Path]:
     by_method: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for r in rows if metric is not None else []:
         if r.get("ablation", "full") == "full":
-            label = r["method"] if r.get("runtime_profile", "default") == "default" or r["method"] != "arbormem" \
-                else f"arbormem ({r['runtime_profile']})"
-            by_method[label].append((r["budget"], r[metric]))
+            by_method[label(r)].append((r["budget"], r[metric]))
     if any(len(v) > 1 for v in by_method.values()):
         fig, ax = plt.subplots(figsize=(7, 4.2))
-        for label, pts in sorted(by_method.items()):
+        for name, pts in sorted(by_method.items()):
             pts.sort()
-            ax.plot([b for b, _ in pts], [m for _, m in pts], marker="o", label=label)
+            ax.plot([b for b, _ in pts], [m for _, m in pts], marker="o", label=name)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("read budget (tokens)")
         ax.set_ylabel(metric.replace("_", " "))
@@ -128,6 +148,8 @@ def report(paths: list[str | Path], out: str | Path) -> dict:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     md = table(rows)
+    if cat := category_table(rows):
+        md += "\nPer LoCoMo category (evidence recall / answer-token recall):\n\n" + cat
     (out / "table.md").write_text(md)
     (out / "merged.json").write_text(json.dumps(rows, indent=2, sort_keys=True, default=str))
     pics = plots(rows, out)

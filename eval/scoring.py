@@ -238,6 +238,17 @@ def locomo_f1(pred: Any, gold: Any) -> float:
     return 2 * overlap / (n_pred + n_gold)
 
 
+def answer_token_recall(context: Any, gold: Any) -> float | None:
+    """The share of the gold answer's LoCoMo-normalized tokens (stemmed, articles and punctuation
+    dropped; a multiset) that the context holds: what a reader could copy from it, whatever the
+    provenance. None when the gold answer has no tokens."""
+    gold_toks = locomo_tokens(gold)
+    if not gold_toks:
+        return None
+    overlap, _, n_gold = multiset_counts(locomo_tokens(context), gold_toks)
+    return overlap / n_gold
+
+
 def _locomo_multi_f1(pred: str, gold: str) -> float:
     """LoCoMo's ``f1`` (category 1): mean over gold parts of the best F1 against prediction parts."""
     pred_parts = [p.strip() for p in pred.split(",")]

@@ -390,3 +390,20 @@ def test_every_benchmark_is_registered_once_with_its_whole_protocol():
     for name, p in PROTOCOLS.items():
         assert isinstance(p, Protocol) and p.name == name
         assert all(callable(f) for f in (p.check, p.load, p.unit_id, p.replay, p.summarize))
+
+
+def test_the_report_adds_a_per_category_table_for_locomo_runs():
+    from eval.report import category_table, table
+
+    rows = [{"benchmark": "locomo", "method": "bm25", "runtime_profile": "default", "budget": 1024,
+             "evidence_recall": 0.7, "answer_token_recall": 0.8, "evidence_recall_by_category": {"1": 0.5, "4": 0.9},
+             "answer_token_recall_by_category": {"1": 0.6, "4": 0.95}, "run": "a"},
+            {"benchmark": "locomo", "method": "arbormem", "runtime_profile": "cross_session", "budget": 1024,
+             "evidence_recall": 0.75, "answer_token_recall": 0.82, "evidence_recall_by_category": {"1": 0.55},
+             "answer_token_recall_by_category": {"1": 0.61}, "run": "b"}]
+    lines = category_table(rows).splitlines()
+    assert lines[0] == "| method | budget | cat 1 evidence / tokens | cat 4 evidence / tokens | all |"
+    assert lines[2] == "| arbormem (cross_session) | 1024 | 0.55 / 0.61 | — / — | 0.75 / 0.82 |"
+    assert lines[3] == "| bm25 | 1024 | 0.5 / 0.6 | 0.9 / 0.95 | 0.7 / 0.8 |"
+    assert "answer_token_recall" in table(rows).splitlines()[0]
+    assert category_table([{"method": "bm25", "budget": 1, "gold_in_context": 0.5}]) == ""

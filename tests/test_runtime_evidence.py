@@ -252,6 +252,35 @@ def test_the_read_path_is_the_layer_list_in_its_configured_order(runtime_cfg, tm
     mem.close()
 
 
+def test_cross_session_policy_reads_every_matching_turn_before_the_routed_history(tmp_path, turns):
+    from arbor_train.runtime import default_config
+
+    cfg = default_config("cross_session")
+    mem = build(cfg, tmp_path, turns)
+    _, ctx = mem.read("Is Hotel Infante near Belem Tower?", budget=1024)
+    names = [b.name for b in ctx.blocks]
+    assert "Supplemental" in names and ("PrimaryPath" not in names or names.index("Supplemental") < names.index("PrimaryPath"))
+    hits = {nid for nid, _ in mem.store.keyword_search("c", "Is Hotel Infante near Belem Tower?", 96)}
+    shown = set(ctx.block("Supplemental").node_ids) | set((ctx.block("PrimaryPath") or ctx.block("Supplemental")).node_ids)
+    assert hits <= shown  # the budget holds them all here: every BM25 hit is read, none twice
+    assert len(ctx.block("Supplemental").node_ids) == len(set(ctx.block("Supplemental").node_ids))
+    mem.close()
+
+
+def test_hybrid_supplemental_rank_adds_what_the_vector_index_finds(tmp_path, turns, monkeypatch):
+    from arbor_train.runtime import default_config
+
+    cfg = default_config("cross_session", ["context.supplemental_rank=hybrid"])
+    mem = build(cfg, tmp_path, turns)
+    q = "Is Hotel Infante near Belem Tower?"
+    kw = {nid for nid, _ in mem.store.keyword_search("c", q, 96)}
+    other = next(n.id for n in mem.nodes() if n.id not in kw)
+    monkeypatch.setattr(mem.index, "search", lambda vec, k: [(other, 0.9)])
+    _, ctx = mem.read(q, budget=4096)
+    assert other in ctx.block("Supplemental").node_ids and kw <= set(ctx.node_ids)
+    mem.close()
+
+
 @pytest.mark.parametrize("layers, msg", [
     (["primary_path", "gossip"], r"context\.layers\[1\] must name a layer"),
     ([{"layer": "states", "when_intents": ["someday"]}], r"context\.layers\[0\]\.when_intents"),

@@ -484,3 +484,15 @@ def test_aggregate_empty_and_invalid():
                    "by": {"dimension": {"groups": {}, "macro_accuracy": None}}}
     with pytest.raises(ValueError, match="neither"):
         aggregate([{"dimension": "x"}], ["dimension"])
+
+
+def test_answer_token_recall_counts_the_gold_tokens_the_context_holds():
+    from eval.scoring import answer_token_recall
+
+    ctx = "[1:56 pm on 8 May, 2023] Caroline: I went to the LGBTQ support group on 7 May 2023."
+    assert answer_token_recall(ctx, "7 May 2023") == 1.0
+    assert answer_token_recall(ctx, "Adoption agencies") == 0.0
+    assert answer_token_recall("She researched adoption.", "Adoption agencies") == 0.5
+    # a multiset: the gold's two "red" need two in the context; the article is dropped; stems match
+    assert answer_token_recall("a red car", "the red red cars") == 2 / 3
+    assert answer_token_recall(ctx, "") is None and answer_token_recall(ctx, "the") is None

@@ -16,9 +16,10 @@ A layer runs at most once per read: a later entry of a layer that already ran is
   states            States: current single-version states that match (update_budget; record_match)
   artifacts         ArtifactEvidence: ordered lists that match (structured_budget; artifact_match)
   events            EventEvidence: the matching events (structured_budget; event_match)
-  supplemental      Supplemental: raw turns outside the primary path by BM25 (supplemental_budget,
+  supplemental      Supplemental: raw turns by BM25 that no earlier block holds (supplemental_budget,
                     supplemental_k); `supplemental_match: entity` keeps only turns sharing an entity,
-                    date or exact value with the question, `keyword` keeps every hit
+                    date or exact value with the question, `keyword` keeps every hit;
+                    `supplemental_rank: hybrid` fuses BM25 with the vector index (reciprocal rank)
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Read:
     intents: set[str]
     q_ents: set[str]
     path: list["Node"] = field(default_factory=list)
+    shown: set[int] = field(default_factory=set)  # node ids whose raw turn an earlier block holds
 
     @property
     def cc(self) -> dict:
@@ -62,6 +64,11 @@ class Read:
     @cached_property
     def q_stems(self) -> set[str]:
         return stems(self.question)
+
+    @cached_property
+    def query_embedding(self):
+        last = getattr(self.mem, "_last_query_embedding", None)  # localize embedded the question already
+        return last[1] if last is not None and last[0] == self.question else self.mem.embed(self.question)
 
     def relevant(self, text: str, extra: list[str] = ()) -> float:
         """Share of the question's stems found in the text (and extra terms)."""
@@ -205,17 +212,33 @@ def events(r: Read, cap: int) -> Block | None:
 
 
 SUPPLEMENTAL_MATCH = ("entity", "keyword")
+SUPPLEMENTAL_RANK = ("keyword", "hybrid")
+RAW_BLOCKS = {"PrimaryPath", "Supplemental"}  # blocks whose lines are raw turns (a summary line is not)
+
+
+def supplemental_hits(r: Read, k: int) -> list[int]:
+    """Node ids for the supplemental layer, best first: BM25 (`supplemental_rank: keyword`), or BM25 and
+    the vector index fused by reciprocal rank (`hybrid`, recall.rrf_k)."""
+    st = r.mem.store
+    kw = st.keyword_search(r.mem.conv, r.question, k)
+    if r.cc.get("supplemental_rank", "keyword") == "keyword":
+        return [nid for nid, _ in kw]
+    rrf_k = float(r.mem.cfg["recall"]["rrf_k"])
+    fused: dict[int, float] = {}
+    for hits in (kw, r.mem.index.search(r.query_embedding, k)):
+        for rank, (nid, _) in enumerate(hits):
+            fused[nid] = fused.get(nid, 0.0) + 1.0 / (rrf_k + rank + 1)
+    return sorted(fused, key=lambda n: -fused[n])
 
 
 def supplemental(r: Read, cap: int) -> Block | None:
-    """Raw turns outside the primary path, by BM25; filled where the order puts it (last by default, so
-    it never displaces the routed history)."""
+    """Raw turns by BM25 that no earlier block holds; filled where the order puts it (last by default,
+    so it never displaces the routed history)."""
     if cap <= 0:
         return None
     cc, st = r.cc, r.mem.store
     rule = cc.get("supplemental_match", "entity")
-    primary = {n.id for n in r.path}
-    hits = [nid for nid, _ in st.keyword_search(r.mem.conv, r.question, cc["supplemental_k"]) if nid not in primary]
+    hits = [nid for nid in supplemental_hits(r, int(cc["supplemental_k"])) if nid not in r.shown]
     nodes = st.get_nodes(hits)
     lines = []
     for nid in hits:
@@ -262,6 +285,9 @@ def check_layers(cc: dict) -> list[dict]:
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 0):
             raise ConfigError(f"{where}.budget must be a whole number of tokens >= 0, got {b!r}")
         out.append({"layer": e["layer"], "when_intents": when, "budget": b})
+    if cc.get("supplemental_rank", "keyword") not in SUPPLEMENTAL_RANK:
+        raise ConfigError(f"runtime option context.supplemental_rank must be one of {', '.join(SUPPLEMENTAL_RANK)}, "
+                          f"got {cc.get('supplemental_rank')!r}")
     if cc.get("supplemental_match", "entity") not in SUPPLEMENTAL_MATCH:
         raise ConfigError(f"runtime option context.supplemental_match must be one of {', '.join(SUPPLEMENTAL_MATCH)}, "
                           f"got {cc.get('supplemental_match')!r}")
@@ -281,4 +307,6 @@ def build_blocks(r: Read, entries: list[dict]) -> list[Block]:
         block = builder(r, e["budget"] if e["budget"] is not None else int(r.cc[budget_key]))
         if block is not None and block.lines:
             blocks.append(block)
+            if block.name in RAW_BLOCKS:
+                r.shown.update(block.node_ids)
     return blocks

@@ -1,6 +1,8 @@
 """LoCoMo protocol: the memory is built once per conversation, then each question of the categories in
-`locomo.categories` is read against the finished memory; evidence recall is the share of a question's
-evidence turns whose raw text the context holds, F1 (and an optional judge) score the answers."""
+`locomo.categories` is read against the finished memory. Evidence recall is the share of a question's
+evidence turns the context cites; answer-token recall, which credits no provenance, the share of the
+gold answer's normalized tokens the context's text holds (both overall and per category); F1 (and an
+optional judge) score the answers."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ def load(c: dict) -> list:
 
 
 def replay(conv, method, answers, judge, c: dict) -> tuple[list[dict], list[dict]]:
-    from eval.scoring import locomo_score
+    from eval.scoring import answer_token_recall, locomo_score
 
     categories = [int(x) for x in c["locomo"]["categories"]]
     _, idx_of = ingest(conv, method)
@@ -43,7 +45,8 @@ def replay(conv, method, answers, judge, c: dict) -> tuple[list[dict], list[dict
         ev = {idx_of[e] for e in q.evidence if e in idx_of}
         rec = {"session_id": conv.conversation_id, "question_id": q.question_id, "category": q.category,
                "context_tokens": r.tokens, "read_s": read_s,
-               "evidence_recall": (len(ev & set(r.turn_ids)) / len(ev)) if ev else None}
+               "evidence_recall": (len(ev & set(r.turn_ids)) / len(ev)) if ev else None,
+               "answer_token_recall": answer_token_recall(r.text, q.answer if q.answer is not None else "")}
         if answers is not None:
             def done(pred, rec=rec, q=q):
                 rec["prediction"] = pred
@@ -61,6 +64,14 @@ def summarize(recs: list[dict], _: list[dict]) -> dict[str, Any]:
     ev = [r["evidence_recall"] for r in recs if r["evidence_recall"] is not None]
     out: dict[str, Any] = {"questions": len(recs), "evidence_recall": round(sum(ev) / len(ev), 4) if ev else None,
                            "context_tokens_mean": round(sum(r["context_tokens"] for r in recs) / max(1, len(recs)), 1)}
+    tok = [r["answer_token_recall"] for r in recs if r.get("answer_token_recall") is not None]
+    out["answer_token_recall"] = round(sum(tok) / len(tok), 4) if tok else None
+    for key in ("evidence_recall", "answer_token_recall"):  # per LoCoMo category
+        by: dict[str, list[float]] = {}
+        for r in recs:
+            if r.get(key) is not None:
+                by.setdefault(str(r["category"]), []).append(r[key])
+        out[f"{key}_by_category"] = {k: round(sum(v) / len(v), 4) for k, v in sorted(by.items())}
     out["read_s_p50"] = percentile([r["read_s"] for r in recs], 0.5)
     out["read_s_p95"] = percentile([r["read_s"] for r in recs], 0.95)
     if recs and "score" in recs[0]:
