@@ -281,6 +281,24 @@ def test_hybrid_supplemental_rank_adds_what_the_vector_index_finds(tmp_path, tur
     mem.close()
 
 
+def test_fill_by_time_writes_each_timestamp_once_and_keeps_the_cap():
+    from arbor_train.runtime.context import Block, BudgetPacker, TokenCounter, fill_by_time
+
+    counter = TokenCounter(None)
+    items = [("8 May", 5, "turn five about the support group", [5]), ("7 May", 1, "turn one about painting", [1]),
+             ("8 May", 4, "turn four about adoption agencies", [4]), ("9 May", 9, "turn nine " + "long " * 200, [9])]
+    packer = BudgetPacker(counter, 1000)
+    b = fill_by_time(packer, Block("Supplemental"), items, cap=60)
+    assert b.lines == ["[7 May]", "turn one about painting", "[8 May]", "turn four about adoption agencies",
+                       "turn five about the support group"]  # conversation order; the long turn did not fit
+    assert b.node_ids == [1, 4, 5] and b.tokens <= 60 and packer.used == b.tokens
+    assert b.tokens == counter.count("[Supplemental]") + 1 + sum(counter.count(l) + 1 for l in b.lines)
+    # the same items packed with a timestamp on every line hold fewer turns under the same cap
+    flat = BudgetPacker(counter, 1000).fill(Block("Supplemental"), [(f"[{ts}] {t}", n) for ts, _, t, n in items], 40)
+    tight = fill_by_time(BudgetPacker(counter, 1000), Block("Supplemental"), items, cap=40)
+    assert len(tight.node_ids) >= len(flat.node_ids)
+
+
 @pytest.mark.parametrize("layers, msg", [
     (["primary_path", "gossip"], r"context\.layers\[1\] must name a layer"),
     ([{"layer": "states", "when_intents": ["someday"]}], r"context\.layers\[0\]\.when_intents"),

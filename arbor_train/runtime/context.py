@@ -127,5 +127,43 @@ class BudgetPacker:
         return block
 
 
+def fill_by_time(packer: BudgetPacker, block: Block, items: list[tuple[str | None, int, str, list[int]]],
+                 cap: int) -> Block:
+    """Pack (timestamp, order, text, node ids) items, best first, and render them in `order` with each
+    timestamp written once per run, as a `[timestamp]` line above the items that share it: a dozen
+    turns of one session cost one date instead of twelve. An item is taken when the block, rendered
+    with it, still fits the cap."""
+    count = packer.counter.count
+    cap = min(cap, packer.remaining())
+    head = count(f"[{block.name}]") + 1
+    if head >= cap:
+        return block
+
+    def rendered(chosen: list) -> list[tuple[str, list[int]]]:
+        out, last = [], None
+        for _, ts, text, nids in sorted(chosen, key=lambda x: x[0]):
+            if ts and ts != last:
+                out.append((f"[{ts}]", []))
+            last = ts
+            out.append((text, nids))
+        return out
+
+    chosen: list = []
+    used = head
+    for ts, order, text, nids in items:
+        trial = chosen + [(order, ts, text, nids)]
+        n = head + sum(count(t) + 1 for t, _ in rendered(trial))
+        if n > cap:
+            continue
+        chosen, used = trial, n
+    for text, nids in rendered(chosen):
+        block.lines.append(text)
+        block.node_ids.extend(nids)
+    if block.lines:
+        block.tokens = used
+        packer.used += used
+    return block
+
+
 def ts_prefix(ts: str | None) -> str:
     return f"[{ts}] " if ts else ""

@@ -19,7 +19,8 @@ A layer runs at most once per read: a later entry of a layer that already ran is
   supplemental      Supplemental: raw turns by BM25 that no earlier block holds (supplemental_budget,
                     supplemental_k); `supplemental_match: entity` keeps only turns sharing an entity,
                     date or exact value with the question, `keyword` keeps every hit;
-                    `supplemental_rank: hybrid` fuses BM25 with the vector index (reciprocal rank)
+                    `supplemental_rank: hybrid` fuses BM25 with the vector index (reciprocal rank);
+                    `group_by_time: true` renders the turns in conversation order, each timestamp once
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import ConfigError
-from .context import Block, BudgetPacker, ts_prefix
+from .context import Block, BudgetPacker, fill_by_time, ts_prefix
 from .text import stems
 
 if TYPE_CHECKING:
@@ -142,8 +143,10 @@ def update_evidence(r: Read, cap: int) -> Block | None:
 
 def primary_path(r: Read, cap: int) -> Block | None:
     """The trajectory raw if it fits the branch budget; else the `raw_recent` newest nodes raw and
-    older ones as summaries, newest first, each dropped oldest-first when even that does not fit."""
-    path, packer = r.path, r.packer
+    older ones as summaries, newest first, each dropped oldest-first when even that does not fit.
+    Turns an earlier block already holds raw (a policy that reads supplemental turns first) are not
+    repeated."""
+    path, packer = [n for n in r.path if n.id not in r.shown], r.packer
     if not path:
         return None
     raw = [(f"{ts_prefix(n.timestamp)}{n.raw}", [n.id]) for n in path]
@@ -240,12 +243,11 @@ def supplemental(r: Read, cap: int) -> Block | None:
     rule = cc.get("supplemental_match", "entity")
     hits = [nid for nid in supplemental_hits(r, int(cc["supplemental_k"])) if nid not in r.shown]
     nodes = st.get_nodes(hits)
-    lines = []
-    for nid in hits:
-        n = nodes[nid]
-        if rule == "keyword" or r.q_ents & {e.lower() for e in n.entities}:  # entity: a direct entity / date / value match
-            lines.append((f"{ts_prefix(n.timestamp)}{n.raw}", [nid]))
-    return r.packer.fill(Block("Supplemental"), lines, cap)
+    keep = [nodes[nid] for nid in hits
+            if rule == "keyword" or r.q_ents & {e.lower() for e in nodes[nid].entities}]  # entity: a direct match
+    if cc.get("group_by_time", False):  # in conversation order, each timestamp written once
+        return fill_by_time(r.packer, Block("Supplemental"), [(n.timestamp, n.seq, n.raw, [n.id]) for n in keep], cap)
+    return r.packer.fill(Block("Supplemental"), [(f"{ts_prefix(n.timestamp)}{n.raw}", [n.id]) for n in keep], cap)
 
 
 # layer -> (builder, the context option holding its default budget)
