@@ -85,6 +85,9 @@ def runtime_config(c: dict) -> dict:
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(f"option runtime_overrides={c['runtime_overrides']} (runtime_profile="
                           f"{c['runtime_profile']}): {e}") from e
+    from arbor_train.runtime.layers import check_layers
+
+    check_layers(runtime_cfg["context"])
     for k, v in c["ablation"].items():
         if k == "name":
             continue

@@ -312,6 +312,7 @@ def test_a_bad_layer_list_is_refused_naming_the_entry(runtime_cfg, tmp_path, lay
     runtime_cfg["context"]["layers"] = layers
     with pytest.raises(ConfigError, match=msg):
         ArborMemory.open(tmp_path / "m.sqlite", "c", runtime_cfg)
+    assert not list(tmp_path.iterdir())  # refused before any file was created
 
 
 def test_branch_localization_separates_parallel_agendas(runtime_cfg, tmp_path, turns):

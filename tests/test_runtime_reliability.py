@@ -101,6 +101,16 @@ def test_reset_with_a_non_boolean_is_refused_and_changes_nothing(tmp_path, value
     assert content(mem) == before
 
 
+def test_a_bad_read_path_is_refused_before_a_reset_touches_the_file(tmp_path):
+    conv = write_json(tmp_path / "conv.json", CONVERSATION)
+    mem = tmp_path / "m.sqlite"
+    ingest(conv, mem)
+    before = content(mem)
+    with pytest.raises(UserError, match=r"context\.layers\[1\] must name a layer"):
+        ingest(conv, mem, "reset=true", "runtime.context.layers=[primary_path,gossip]")
+    assert content(mem) == before
+
+
 def test_reset_true_starts_the_file_over(tmp_path, capsys):
     conv = write_json(tmp_path / "conv.json", CONVERSATION)
     mem = tmp_path / "m.sqlite"

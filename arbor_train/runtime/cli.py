@@ -438,6 +438,9 @@ def run(cfg: DictConfig) -> dict:
     if not isinstance(command, str) or command not in HANDLERS:
         got = "not set" if command is None else f"{command!r} is unknown"
         raise ConfigError(f"option command: {got}; valid values: {', '.join(COMMANDS)}")
+    from .layers import check_layers
+
+    check_layers(OmegaConf.to_container(cfg.runtime.context, resolve=True))  # before any file is touched
     return HANDLERS[command](cfg)
 
 

@@ -290,6 +290,8 @@ def check_layers(cc: dict) -> list[dict]:
     if cc.get("supplemental_rank", "keyword") not in SUPPLEMENTAL_RANK:
         raise ConfigError(f"runtime option context.supplemental_rank must be one of {', '.join(SUPPLEMENTAL_RANK)}, "
                           f"got {cc.get('supplemental_rank')!r}")
+    if not isinstance(cc.get("group_by_time", False), bool):
+        raise ConfigError(f"runtime option context.group_by_time must be true or false, got {cc.get('group_by_time')!r}")
     if cc.get("supplemental_match", "entity") not in SUPPLEMENTAL_MATCH:
         raise ConfigError(f"runtime option context.supplemental_match must be one of {', '.join(SUPPLEMENTAL_MATCH)}, "
                           f"got {cc.get('supplemental_match')!r}")

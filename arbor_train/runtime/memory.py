@@ -106,6 +106,7 @@ class ArborMemory:
 
             cfg = default_config()
         c = _cfg(cfg)
+        check_layers(c["context"])  # a bad read path is refused before the file is opened or created
         return cls(Store(str(path), synchronous=c["store"]["synchronous"]), conversation_id, c, components)
 
     def close(self) -> None:
