@@ -46,6 +46,21 @@ log = logging.getLogger(__name__)
 RULES = ("evidence_group", "observation_subject", "adjacency")
 
 
+
+def observation_facts(conv, idx_of: dict[str, int]) -> dict[int, list[dict]]:
+    """Extraction targets: interaction index -> the session observations citing one of its dia_ids
+    (an observation citing several attaches to each interaction it cites), as fact items."""
+    facts_of: dict[int, list[dict]] = defaultdict(list)
+    for sid, by_speaker in conv.meta.get("observations", {}).items():
+        for speaker, facts in by_speaker.items():
+            for fact, ids in facts:
+                for i in sorted({idx_of[d] for d in ids if d in idx_of}):
+                    f = {"text": fact[:179], "entities": [speaker], "tags": []}
+                    if f not in facts_of[i]:
+                        facts_of[i].append(f)
+    return facts_of
+
+
 def _subjects(fact: str, speakers: set[str]) -> set[str]:
     from arbor_train.runtime.text import entities
 
@@ -110,15 +125,7 @@ def convert(convs, runtime_cfg: dict, categories: list[int], rules: list[str], p
         rows["conversations"].append({"conversation_id": cid, "document": json.dumps(conv.to_json(), sort_keys=True)})
         inters = interactions(conv)
         idx_of = {tid: i for i, it in enumerate(inters) for tid in it.turn_ids}
-        # extraction targets: observations citing the interaction's dia_ids
-        facts_of: dict[int, list[dict]] = defaultdict(list)
-        for sid, by_speaker in conv.meta.get("observations", {}).items():
-            for speaker, facts in by_speaker.items():
-                for fact, ids in facts:
-                    for i in sorted({idx_of[d] for d in ids if d in idx_of}):
-                        f = {"text": fact[:179], "entities": [speaker], "tags": []}
-                        if f not in facts_of[i]:
-                            facts_of[i].append(f)
+        facts_of = observation_facts(conv, idx_of)
         for i, it in enumerate(inters):
             target = {"states": [], "facts": facts_of.get(i, []), "entities": [], "artifacts": [], "events": []}
             rows["extraction"].append({"session_id": cid, "turn": i, "input": it.user, "timestamp": it.timestamp,
