@@ -100,7 +100,7 @@ class Read:
             r = chain[-1]
             if self.relevant(f"{r.key.replace('_', ' ')} {r.value} {r.subject}", r.entities) < cc["record_match"]:
                 continue
-            if r.subject != "user" and self.q_ents and r.subject.lower() not in self.q_ents:
+            if not self.about_asked(r.subject):
                 continue
             label = f"{chain[0].key} ({chain[0].subject})"
             src = sorted({s for x in chain for s in x.sources})
@@ -199,7 +199,7 @@ def artifacts(r: Read, cap: int) -> Block | None:
     for a in arts:
         if r.relevant(f"{a.name} {a.subject} {' '.join(a.items)}", a.entities) < cc["artifact_match"]:
             continue
-        if a.subject != "user" and r.q_ents and a.subject.lower() not in r.q_ents:
+        if not r.about_asked(a.subject):
             continue
         status = "current" if a.superseded_by is None else "superseded"
         items = "; ".join(f"{i + 1}. {it}" for i, it in enumerate(a.items))

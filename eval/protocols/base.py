@@ -37,6 +37,19 @@ def percentile(values: list[float], q: float) -> float | None:
     return round(v[min(len(v) - 1, int(q * len(v)))], 5) if v else None
 
 
+def mean4(values: list) -> float | None:
+    """The mean rounded to 4 places; None when there is nothing to average."""
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def evidence_summary(recs: list[dict]) -> dict[str, Any]:
+    """What every evidence-recall protocol reports first: questions, mean evidence recall (over the
+    questions that have evidence), mean context tokens."""
+    return {"questions": len(recs), "evidence_recall": mean4([r["evidence_recall"] for r in recs
+                                                              if r["evidence_recall"] is not None]),
+            "context_tokens_mean": round(sum(r["context_tokens"] for r in recs) / max(1, len(recs)), 1)}
+
+
 def ingest(conv, method) -> tuple[list, dict[str, int]]:
     """Build a method's memory from a whole conversation (every interaction, in order); returns the
     interactions and the map from turn id to interaction index that evidence ids are resolved with."""

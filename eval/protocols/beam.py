@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Protocol, check_input, ingest
+from .base import Protocol, check_input, evidence_summary, ingest
 
 
 def load(c: dict) -> list:
@@ -48,9 +48,7 @@ def replay(conv, method, answers, judge, c: dict) -> tuple[list[dict], list[dict
 
 
 def summarize(recs: list[dict], _: list[dict]) -> dict[str, Any]:
-    ev = [r["evidence_recall"] for r in recs if r["evidence_recall"] is not None]
-    out: dict[str, Any] = {"questions": len(recs), "evidence_recall": round(sum(ev) / len(ev), 4) if ev else None,
-                           "context_tokens_mean": round(sum(r["context_tokens"] for r in recs) / max(1, len(recs)), 1)}
+    out: dict[str, Any] = evidence_summary(recs)
     scored = [r for r in recs if r.get("score") is not None]
     if scored:
         by: dict[str, list[float]] = {}

@@ -11,7 +11,7 @@ from typing import Any
 
 from arbor_train.errors import ConfigError, parse_choice, parse_int
 
-from .base import Protocol, check_input, ingest, percentile
+from .base import Protocol, check_input, evidence_summary, ingest, mean4, percentile
 
 
 def check(c: dict) -> None:
@@ -61,17 +61,14 @@ def replay(conv, method, answers, judge, c: dict) -> tuple[list[dict], list[dict
 def summarize(recs: list[dict], _: list[dict]) -> dict[str, Any]:
     from eval.scoring import aggregate
 
-    ev = [r["evidence_recall"] for r in recs if r["evidence_recall"] is not None]
-    out: dict[str, Any] = {"questions": len(recs), "evidence_recall": round(sum(ev) / len(ev), 4) if ev else None,
-                           "context_tokens_mean": round(sum(r["context_tokens"] for r in recs) / max(1, len(recs)), 1)}
-    tok = [r["answer_token_recall"] for r in recs if r.get("answer_token_recall") is not None]
-    out["answer_token_recall"] = round(sum(tok) / len(tok), 4) if tok else None
+    out: dict[str, Any] = evidence_summary(recs)
+    out["answer_token_recall"] = mean4([r["answer_token_recall"] for r in recs if r.get("answer_token_recall") is not None])
     for key in ("evidence_recall", "answer_token_recall"):  # per LoCoMo category
         by: dict[str, list[float]] = {}
         for r in recs:
             if r.get(key) is not None:
                 by.setdefault(str(r["category"]), []).append(r[key])
-        out[f"{key}_by_category"] = {k: round(sum(v) / len(v), 4) for k, v in sorted(by.items())}
+        out[f"{key}_by_category"] = {k: mean4(v) for k, v in sorted(by.items())}
     out["read_s_p50"] = percentile([r["read_s"] for r in recs], 0.5)
     out["read_s_p95"] = percentile([r["read_s"] for r in recs], 0.95)
     if recs and "score" in recs[0]:
@@ -80,7 +77,7 @@ def summarize(recs: list[dict], _: list[dict]) -> dict[str, Any]:
         out["f1_by_category"] = {k: v["accuracy"] for k, v in agg["by"]["category"]["groups"].items()}
     judged = [r["judge_correct"] for r in recs if "judge_correct" in r]
     if judged:
-        out["judge_accuracy"] = round(sum(judged) / len(judged), 4)
+        out["judge_accuracy"] = mean4(judged)
     return out
 
 
