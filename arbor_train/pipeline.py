@@ -75,6 +75,12 @@ def check_options(c: dict) -> None:
         parse_choice(t["experiment"], f"train.{role}.experiment", conf_options("experiment"))
         if not isinstance(t.get("overrides", []), list):
             raise StageConfigError(f"option train.{role}.overrides must be a list of overrides, got {t['overrides']!r}")
+    rd = c["reader_data"]
+    if not isinstance(rd.get("budgets"), list) or not rd["budgets"]:
+        raise StageConfigError(f"option reader_data.budgets must be a non-empty list of read budgets, got {rd.get('budgets')!r}")
+    for split in ("train", "heldout"):
+        parse_int(rd["max_sessions"][split], f"reader_data.max_sessions.{split}", minimum=1)
+    parse_int(rd["settings_per_session"], "reader_data.settings_per_session", minimum=1)
     e = c["eval"]
     e["budget"] = parse_int(e["budget"], "eval.budget", minimum=1)
     if e["llm_sessions"] is not None:
@@ -104,10 +110,18 @@ class Stage:
         return shlex.join(self.argv)
 
 
+def _data_dirs(role: str) -> tuple[str, str]:
+    """The stages whose folders a role trains and validates on: the generated sets, or (a role whose
+    supervision the runtime assembles, the reader) the reader sets built from them."""
+    return ("data_reader_train", "data_reader_heldout") if roles.get(role).supervision == "reader" else (
+        "data_train", "data_heldout")
+
+
 def _train_argv(c: dict, py: list[str], role: str, out: Path) -> list[str]:
     t = c["train"][role]
-    args = [f"experiment={t['experiment']}", f"data.train_dir={out / 'data_train'}",
-            f"data.val_dir={out / 'data_heldout'}", f"run_dir={out / f'train_{role}' / 'run'}", *t["overrides"]]
+    tr, va = _data_dirs(role)
+    args = [f"experiment={t['experiment']}", f"data.train_dir={out / tr}",
+            f"data.val_dir={out / va}", f"run_dir={out / f'train_{role}' / 'run'}", *t["overrides"]]
     launcher = t.get("launcher") or c["train"]["launcher"]
     prefix = shlex.split(launcher) if launcher else [*py, "-m", "arbor_train.train"]
     return [*prefix, *args]
@@ -154,8 +168,17 @@ def plan(c: dict) -> list[Stage]:
                                              "overwrite=true", f"workers={c['data']['workers']}"],
                             what=f"BranchMemEval-style `{d['preset']}` set, seed {d['seed']}"))
     trained = train_roles(c)
+    if any(roles.get(r).supervision == "reader" for r in trained):
+        rd = c["reader_data"]
+        for split, src in (("train", "data_train"), ("heldout", "data_heldout")):
+            stages.append(Stage(f"data_reader_{split}", [
+                *py, "-m", "data_gen.reader", f"data_dir={out / src}", f"out_dir={out / f'data_reader_{split}'}",
+                _list("exclude", [str(out / "data_formal")]), f"max_sessions={rd['max_sessions'][split]}",
+                "budgets=[" + ",".join(str(b) for b in rd["budgets"]) + "]", f"settings_per_session={rd['settings_per_session']}",
+                "overwrite=true"], [src, "data_formal"],
+                what=f"reader contexts assembled by the runtime over `{src}` (formal sessions left out)"))
     for role in trained:
-        stages.append(Stage(f"train_{role}", _train_argv(c, py, role, out), ["data_train", "data_heldout"],
+        stages.append(Stage(f"train_{role}", _train_argv(c, py, role, out), list(_data_dirs(role)),
                             what=f"LoRA {role} (`experiment={c['train'][role]['experiment']}`)"))
         stages.append(Stage(f"export_{role}", [*py, "-m", "arbor_train.export",
                                                f"run_dir={out / f'train_{role}' / 'run'}",
@@ -167,33 +190,39 @@ def plan(c: dict) -> list[Stage]:
     bundles = out / "bundles"
     tuned_paths = [o for role, task in trained.items()
                    for o in roles.get(role).runtime_overrides(bundles / role, task)]
-    exports = [f"export_{role}" for role in trained]
+    exports = [f"export_{role}" for role, task in trained.items()  # the bundles the tuned runtime loads
+               if roles.get(role).runtime_overrides(bundles / role, task)]
     for s in e["sets"]:
         stages.append(Stage(f"eval_{s}", [*py, "-m", "eval.compare", s, *common, "--out", str(out / f"eval_{s}")],
                             ["data_formal"], what=f"`{s}` with heuristic components, whole formal set"))
-    rows = {  # name -> (runtime profile, runtime overrides, deps)
-        "heuristic": ("default", [], []),
-        "untuned": (e["untuned_profile"], list(e["untuned_overrides"]), []),
-        "tuned": (e["tuned_profile"], [*tuned_paths, *e["tuned_overrides"]], exports),
+    answer = [f"answer_model={e['answer_model']}", *e["answer_overrides"]]
+    rows = {  # name -> (runtime profile, runtime overrides, deps, answer-model options)
+        "heuristic": ("default", [], [], answer),
+        "untuned": (e["untuned_profile"], list(e["untuned_overrides"]), [], answer),
+        "tuned": (e["tuned_profile"], [*tuned_paths, *e["tuned_overrides"]], exports, answer),
     }
+    for role in trained:  # a tuned reader answers over the heuristic memory: the row beside `heuristic`
+        if roles.get(role).supervision == "reader":
+            rows["reader"] = ("default", [], [f"export_{role}"],
+                              [*roles.get(role).answer_overrides(bundles / role), *e["answer_overrides"]])
     # whole set, no answers: routing and retrieval; the tuned routers with heuristic extractors (LLM-free)
     for row in ("heuristic", "tuned"):
-        prof, ov, deps = rows[row]
+        prof, ov, deps, _ = rows[row]
         ov = [*ov, "extractors.states=heuristic"] if row == "tuned" else ov
         stages.append(Stage(f"eval_full_{row}", [*py, "-m", "eval.run", *common, f"runtime_profile={prof}",
                                                  _list("runtime_overrides", ov),
                                                  f"run_dir={out / f'eval_full_{row}'}"], ["data_formal", *deps],
                             what=f"{row} runtime, whole formal set" + (" (tuned reranker + tagger)" if deps else "")))
     sub = [] if e["llm_sessions"] is None else [f"max_sessions={e['llm_sessions']}"]
-    for row, (prof, ov, deps) in rows.items():
+    for row, (prof, ov, deps, ans) in rows.items():
         stages.append(Stage(f"eval_llm_{row}", [*py, "-m", "eval.run", *common, *sub, f"runtime_profile={prof}",
-                                                _list("runtime_overrides", ov), f"answer_model={e['answer_model']}",
-                                                *e["answer_overrides"], f"run_dir={out / f'eval_llm_{row}'}"],
+                                                _list("runtime_overrides", ov), *ans,
+                                                f"run_dir={out / f'eval_llm_{row}'}"],
                             ["data_formal", *deps], what=f"{row} runtime with answers, LLM subset"))
     evals = [s.name for s in stages if s.name.startswith("eval_")]
     stages.append(Stage("report", [*py, "-m", "arbor_train.report", f"out={out}",
                                    f"wandb.enabled={c['wandb']['enabled']}", f"wandb.project={c['wandb']['project']}"],
-                        [*exports, *evals, *(f"train_{role}" for role in trained)],
+                        [*(f"export_{role}" for role in trained), *evals, *(f"train_{role}" for role in trained)],
                         what="report.md, plots, W&B run"))
     return stages
 
@@ -288,7 +317,7 @@ def run_pipeline(cfg: DictConfig | dict) -> dict:
             # exit 2: the stage refused its options or input (a user error, passed on); else it crashed
             cls = StageUserError if rc == EXIT_USER_ERROR else StageError
             raise cls(f"stage {st.name} failed (exit {rc}); log {out / 'logs' / (st.name + '.log')}:\n"
-                      + "\n".join(tail) + f"\nrerun: python -m arbor_train.pipeline (finished stages are kept)")
+                      + "\n".join(tail) + "\nrerun: python -m arbor_train.pipeline (finished stages are kept)")
         print(f"[pipeline {i}/{len(stages)}] {st.name}: done in {wall:.1f}s", flush=True)
         timings.append({"stage": st.name, "wall_s": round(wall, 1), "skipped": False, "command": st.command(),
                         "what": st.what})

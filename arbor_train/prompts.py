@@ -46,6 +46,12 @@ EXTRACT_INSTRUCTIONS = {
     "summary": "Summarise this turn in one short sentence.",
 }
 
+# The reader (answer model): the method's evidence-priority rules. Trained readers (task=reader) learn this
+# layout; the bundle records READER_TEMPLATE and the harness feeds every answer model the same messages.
+ANSWER_SYSTEM = ("Answer the question from the memory context. Computed values and UpdateEvidence come first; "
+                 "for 'previous' questions give the old value, otherwise the current one. Reply with the answer only.")
+UNKNOWN_ANSWER = "unknown"  # a tuned reader's target where the context lacks the gold answer
+
 TAG_INSTRUCTION = "Which attribute tags from this list does the text ask about or state? Tags: {tags}. Answer with a JSON list."
 
 
@@ -61,7 +67,8 @@ class TemplateInfo:
 RERANK_TEMPLATE = TemplateInfo("qwen3_reranker_layout", PROMPT_VERSION)
 EXTRACT_TEMPLATE = TemplateInfo("arbormem_commit_extract", PROMPT_VERSION)
 TAG_TEMPLATE = TemplateInfo("arbormem_attribute_tags", PROMPT_VERSION)
-KNOWN_TEMPLATES = {t.name: t.version for t in (RERANK_TEMPLATE, EXTRACT_TEMPLATE, TAG_TEMPLATE)}
+READER_TEMPLATE = TemplateInfo("arbormem_answer", PROMPT_VERSION)
+KNOWN_TEMPLATES = {t.name: t.version for t in (RERANK_TEMPLATE, EXTRACT_TEMPLATE, TAG_TEMPLATE, READER_TEMPLATE)}
 KNOWN_TEMPLATES["cross_encoder_pair"] = PROMPT_VERSION
 KNOWN_TEMPLATES["encoder_multilabel"] = PROMPT_VERSION
 
@@ -112,3 +119,9 @@ def tag_messages(text: str, tags: list[str]) -> list[dict]:
         {"role": "system", "content": EXTRACT_SYSTEM},
         {"role": "user", "content": TAG_INSTRUCTION.format(tags=", ".join(tags)) + f"\n\nText: {text}"},
     ]
+
+
+def answer_messages(context: str, question: str) -> list[dict]:
+    """The reader's prompt: evidence-priority system rules, then the memory context and the question."""
+    return [{"role": "system", "content": ANSWER_SYSTEM},
+            {"role": "user", "content": f"{context}\n\nQuestion: {question}\nAnswer:"}]

@@ -18,9 +18,9 @@ from omegaconf import OmegaConf
 from . import roles
 from .roles.common import fmt as _f
 
-ROWS = ("heuristic", "untuned", "tuned")
+ROWS = ("heuristic", "untuned", "tuned", "reader")
 ROW_LABEL = {"heuristic": "heuristic components (no model)", "untuned": "untuned prompted SmolLM2-135M",
-             "tuned": "tuned bundles"}
+             "tuned": "tuned bundles", "reader": "heuristic components, tuned SmolLM2 reader answering"}
 LOC = ("state_localization_every_turn", "state_localization_at_questions")
 
 
@@ -63,6 +63,11 @@ def verdicts(full: dict, llm: dict) -> list[str]:
         else:
             word = "is below " + " and ".join(r for r, v in others.items() if t < v)
         lines.append(f"- {where}, `{m}`: tuned {_f(t)} vs {vs}: **{word}**")
+    reader, base = (llm.get("reader") or {}).get("accuracy"), (llm.get("heuristic") or {}).get("accuracy")
+    if reader is not None and base is not None:  # same memory and contexts, only the answer model differs
+        word = "beats" if reader > base else "ties" if reader == base else "is below"
+        lines.append(f"- LLM subset, `accuracy` over the heuristic memory: tuned reader {_f(reader)} vs untuned "
+                     f"SmolLM2 {_f(base)}: **{word} it**")
     return lines
 
 
@@ -74,7 +79,7 @@ def headline_plot(full: dict, llm: dict, path: Path) -> Path:
 
     panels = [("whole formal set", full, [*LOC, "gold_in_context"]), ("LLM subset", llm, [*LOC, "gold_in_context", "accuracy"])]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 4]})
-    colors = {"heuristic": "#8c8c8c", "untuned": "#e0a030", "tuned": "#2a7ab0"}
+    colors = {"heuristic": "#8c8c8c", "untuned": "#e0a030", "tuned": "#2a7ab0", "reader": "#3a9a5a"}
     for ax, (title, rows, metrics) in zip(axes, panels):
         present = [r for r in ROWS if rows.get(r)]
         w = 0.8 / max(1, len(present))

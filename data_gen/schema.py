@@ -64,6 +64,14 @@ SCHEMAS: dict[str, Features] = {
     # LoCoMo: per-speaker events of a session with their date (event_summary)
     "events": Features({"session_id": Value("string"), "speaker": Value("string"), "event": Value("string"),
                         "date": Value("string")}),
+    # reader supervision (python -m data_gen.reader): a question, the context the runtime assembled for it
+    # under one read setting (budget, ablation), and the target: the gold where the context holds it, else
+    # "unknown". session_fingerprint identifies the session by content (data_gen.reader.session_fingerprint)
+    "reader": Features({**_BASE, "context": Value("string"), "answer": Value("string"), "gold": Value("string"),
+                        "confounder": Value("string"), "question_type": Value("string"),
+                        "dimension": Value("string"), "budget": Value("int32"), "ablation": Value("string"),
+                        "gold_in_context": Value("bool"), "confounder_in_context": Value("bool"),
+                        "session_fingerprint": Value("string")}),
     # an evaluation split (LoCoMo QA): category as the data defines it, evidence as turn ids
     "qa": Features({"conversation_id": Value("string"), "question_id": Value("string"), "question": Value("string"),
                     "answer": Value("string"), "category": Value("string"), "evidence": Sequence(Value("string")),

@@ -21,13 +21,7 @@ from typing import Callable
 
 from tqdm import tqdm
 
-ANSWER_SYSTEM = ("Answer the question from the memory context. Computed values and UpdateEvidence come first; "
-                 "for 'previous' questions give the old value, otherwise the current one. Reply with the answer only.")
-
-
-def messages(context: str, question: str) -> list[dict]:
-    return [{"role": "system", "content": ANSWER_SYSTEM},
-            {"role": "user", "content": f"{context}\n\nQuestion: {question}\nAnswer:"}]
+from arbor_train.prompts import answer_messages as messages  # the reader's versioned prompt layout
 
 
 Sources = tuple[str, list[int]]  # (unit, turns cited by the context)

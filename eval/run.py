@@ -22,14 +22,21 @@ from arbor_train.paths import CONF_DIR
 
 from .protocols import BENCHMARKS, PROTOCOLS
 
-LLM_BACKENDS = ("hf", "openai")
+LLM_BACKENDS = ("hf", "openai", "bundle")
 
 
 def _check_llm(node: dict, option: str) -> None:
     if not isinstance(node, dict):
         raise ConfigError(f"option {option} must be a mapping with backend ({', '.join(LLM_BACKENDS)}) and model")
     parse_choice(node.get("backend", "hf"), f"{option}.backend", LLM_BACKENDS)
-    if not isinstance(node.get("model"), str) or not node["model"]:
+    if node.get("backend") == "bundle":  # a tuned reader: its manifest is read (and refused) before any model loads
+        from arbor_train.runtime.bundle import load_bundle
+
+        if not isinstance(node.get("path"), str) or node["path"] in ("", "???"):
+            raise ConfigError(f"option {option}.path must name a reader bundle (python -m arbor_train.export), "
+                              f"got {node.get('path')!r}")
+        load_bundle(node["path"], role="reader")
+    elif not isinstance(node.get("model"), str) or not node["model"]:
         raise ConfigError(f"option {option}.model must name a model, got {node.get('model')!r}")
     if node.get("batch_size") is not None:
         parse_int(node["batch_size"], f"{option}.batch_size", minimum=1)
@@ -97,6 +104,22 @@ def runtime_config(c: dict) -> dict:
     return runtime_cfg
 
 
+def check_reader_heldout(c: dict, protocol, units: list) -> None:
+    """A tuned reader is never scored on its own training sessions: the bundle's `training_sessions`
+    (content fingerprints) against the evaluated units' (where the benchmark defines them)."""
+    llm = c["answer_model"].get("llm") or {}
+    if c["answer_model"]["kind"] != "llm" or llm.get("backend") != "bundle" or protocol.fingerprint is None:
+        return
+    from arbor_train.runtime.bundle import load_bundle
+
+    trained = set(load_bundle(llm["path"], role="reader").manifest.get("training_sessions") or [])
+    seen = [protocol.unit_id(u) for u in units if protocol.fingerprint(u) in trained]
+    if seen:
+        raise ConfigError(f"option answer_model.llm.path={llm['path']!r}: the reader was trained on {len(seen)} of the "
+                          f"{len(units)} evaluated sessions (e.g. {', '.join(seen[:3])}); evaluate it on held-out "
+                          f"sessions (another seed or preset)")
+
+
 def build_answer_model(cfg: dict):
     """None (no generation: answer-independent metrics only), or an LLM backend (hf | openai)."""
     if cfg["kind"] == "none":
@@ -121,6 +144,7 @@ def run(cfg: DictConfig) -> dict:
         raise ConfigError(f"option budget={c['budget']} is smaller than the fixed prompt ({fixed} tokens)")
     protocol = PROTOCOLS[c["benchmark"]]
     units = protocol.load(c)[: c["max_sessions"] or None]
+    check_reader_heldout(c, protocol, units)
     llm = build_answer_model(c["answer_model"])
     from .answers import Answers
 

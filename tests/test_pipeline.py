@@ -16,6 +16,9 @@ TINY = [
     'train.reranker.overrides=["model=tiny_encoder","trainer.max_steps=4","logger=csv"]',
     'train.tagger.overrides=["model=tiny_encoder","trainer.max_steps=4","logger=csv"]',
     'train.extractor.overrides=["model=tiny_decoder","trainer.max_steps=2","task.gen_examples=2","logger=csv"]',
+    'train.reader.overrides=["model=tiny_decoder","trainer.max_steps=2","task.gen_examples=2","task.max_length=1000",'
+    '"task.pack_length=1000","task.max_new_tokens=4","logger=csv"]',
+    "reader_data.budgets=[256]", "data.train.seed=3",  # smoke formal and train sets of one seed are the same sessions
     "eval.sets=[methods]", "eval.llm_sessions=1", "eval.untuned_profile=default", "eval.answer_model=none",
     "eval.answer_overrides=[]",
 ]
@@ -37,6 +40,12 @@ def test_plan_names_every_stage_with_absolute_paths(tmp_path):
     tuned = next(s for s in stages if s.name == "eval_llm_tuned")
     assert f"reranker.bundle.path={tmp_path / 'p' / 'bundles' / 'reranker'}" in tuned.command()
     assert set(tuned.deps) >= {"export_reranker", "export_tagger", "export_extractor"}
+    # the reader trains on contexts the runtime assembles over the training sessions, never the formal ones
+    rd = next(s for s in stages if s.name == "data_reader_train")
+    assert f"data_dir={tmp_path / 'p' / 'data_train'}" in rd.command() and str(tmp_path / "p" / "data_formal") in rd.command()
+    reader = next(s for s in stages if s.name == "eval_llm_reader")
+    assert f"answer_model.llm.path={tmp_path / 'p' / 'bundles' / 'reader'}" in reader.command()
+    assert "export_reader" not in tuned.deps and "runtime_profile=default" in reader.command()
 
 
 @pytest.mark.slow  # the whole loop on tiny models: 5-6 minutes on 2 cores
@@ -51,6 +60,7 @@ def test_pipeline_runs_then_skips_then_reruns_only_downstream(tmp_path):
     heuristic = json.loads((out / "eval_full_heuristic" / "results.json").read_text())["results"]
     assert summary["full"]["heuristic"]["questions"] == heuristic["questions"] == n_q > 0
     assert summary["llm"]["tuned"]["sessions"] == 1
+    assert summary["llm"]["reader"]["answer_calls"]["answers"] == summary["llm"]["reader"]["questions"] > 0
     assert "tuned bundles" in report and "eval.compare methods" in report
     from PIL import Image
 
@@ -62,7 +72,7 @@ def test_pipeline_runs_then_skips_then_reruns_only_downstream(tmp_path):
     # each exported bundle loads for its role, with the kind of its model family and its training run's facts
     from arbor_train.runtime import load_bundle
 
-    kinds = {"reranker": "cross_encoder", "tagger": "encoder_multilabel", "extractor": "causal_lm"}
+    kinds = {"reranker": "cross_encoder", "tagger": "encoder_multilabel", "extractor": "causal_lm", "reader": "causal_lm"}
     for role, kind in kinds.items():
         b = load_bundle(out / "bundles" / role, role=role)
         trained = json.loads((out / f"train_{role}" / "run" / "final" / "metrics.json").read_text())
@@ -79,7 +89,7 @@ def test_pipeline_runs_then_skips_then_reruns_only_downstream(tmp_path):
     changed = run_pipeline(pcfg(out, "eval.budget=1024"))
     ran = {s["stage"] for s in changed["stages"] if not s["skipped"]}
     assert ran == {"eval_methods", "eval_full_heuristic", "eval_full_tuned", "eval_llm_heuristic",
-                   "eval_llm_untuned", "eval_llm_tuned", "report"}
+                   "eval_llm_untuned", "eval_llm_tuned", "eval_llm_reader", "report"}
     assert json.loads((out / "eval_full_heuristic" / "results.json").read_text())["results"]["budget"] == 1024
 
     redone = run_pipeline(pcfg(out, "eval.budget=1024", "force=[export_tagger]"))   # a redone stage makes its users stale
@@ -110,7 +120,7 @@ def test_bad_stage_names_and_failures_are_reported_and_keep_finished_stages(tmp_
     (["eval.budget=lots"], "option eval.budget must be an integer"),
     (["eval.llm_sessions=-1"], "option eval.llm_sessions must be at least 1"),
     (["eval.sets=[bogus]"], r"option eval.sets\[0\] must be one of ablations, budgets, methods"),
-    (["eval.answer_model=gpt9"], "option eval.answer_model must be one of none, openai, smollm2"),
+    (["eval.answer_model=gpt9"], "option eval.answer_model must be one of bundle, none, openai, smollm2"),
     (["train.tagger.experiment=nope"], "option train.tagger.experiment must be one of"),
     (['train.tagger.overrides=["no_such_group=x"]'], r"option train.tagger \(experiment=tagger_minilm_cpu"),
 ])

@@ -322,6 +322,17 @@ def ecfg(name, run_dir, data, *extra):
     return c
 
 
+def reader_smoke(smoke_data, out):
+    """The reader set of the smoke sessions (python -m data_gen.reader), built once per test."""
+    if not out.exists():
+        from data_gen.reader import run
+
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            run(compose(config_name="reader_data", overrides=[f"data_dir={smoke_data}", f"out_dir={out}",
+                                                               "progress=false", "budgets=[256]"]))
+    return out
+
+
 def test_every_experiment_config_composes_and_instantiates(tmp_path, smoke_data):
     from arbor_train import roles
 
@@ -332,7 +343,10 @@ def test_every_experiment_config_composes_and_instantiates(tmp_path, smoke_data)
         assert (first.startswith("# python -m arbor_train.train experiment=") or
                 re.match(r"# sbatch .*slurm/train\.sbatch experiment=", first)), f"{name}: first comment is the command"
         assert f"experiment={name}" in first
-        c = ecfg(name, tmp_path / name, smoke_data)
+        data = smoke_data
+        if roles.get(ecfg(name, tmp_path / name, smoke_data)["task"]["role"]).supervision == "reader":
+            data = reader_smoke(smoke_data, tmp_path / "reader_smoke")  # contexts the runtime assembles
+        c = ecfg(name, tmp_path / name, data)
         extra = []
         if not str(c["model"]["ref"] or "").startswith("pkg:"):
             # hub models are not on this machine and SmolLM2 is the slow tier: same wiring, tiny model of the family
@@ -342,7 +356,7 @@ def test_every_experiment_config_composes_and_instantiates(tmp_path, smoke_data)
             if c["trainer"]["strategy"] not in ("auto", "ddp"):
                 extra.append("trainer=cpu")  # FSDP / ZeRO-3 strategies need GPUs
         if extra:
-            c = ecfg(name, tmp_path / name, smoke_data, *extra)
+            c = ecfg(name, tmp_path / name, data, *extra)
         check_combination(c)
         built = roles.get(c["task"]["role"]).build(c)
         # LoRA went where the config puts it: the trainable weights are the adapters (+ the head modules)

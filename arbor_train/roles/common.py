@@ -209,6 +209,7 @@ class Role:
     defaults that fit most roles."""
 
     name: str = ""
+    supervision: str = "generated"  # "generated": the BranchMemEval/LoCoMo sets; "reader": data_gen.reader's
     bundle_kinds: dict[str, str] = {}
     report_columns: dict[str, str] = {}
 

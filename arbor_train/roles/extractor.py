@@ -41,6 +41,41 @@ def sft_examples(rows, tokenizer, kinds: list[str], max_length: int) -> tuple[li
     return examples, gen, dropped
 
 
+def build_sft_model(c: dict):
+    """(LoRA-wrapped decoder, tokenizer, packed layout or None) for a causal-LM SFT role: the packed
+    per-example attention is installed before LoRA wraps the model, gradient checkpointing if configured."""
+    t = c["task"]
+    model, tok = build_decoder(c["model"], seed=c["seed"])
+    layout = None
+    if t["packing"]:
+        impl = use_packed_attention(model) if t.get("packed_attention", True) else model.config._attn_implementation
+        layout = packed_layout(impl)
+    if c["model"].get("gradient_checkpointing"):
+        model.gradient_checkpointing_enable()
+    return add_lora(model, c["peft"], c["model"], "CAUSAL_LM"), tok, layout
+
+
+def sft_loaders(c: dict, model, tok, layout, tr: list[dict], va: list[dict]):
+    """Training and validation loaders of SFT examples: packed (task.packing, task.pack_length) or padded."""
+    t = c["task"]
+    pad = tok.pad_token_id
+    dtype = next(model.parameters()).dtype
+    if t["packing"]:
+        tr_items, va_items = pack_examples(tr, t["pack_length"]), pack_examples(va, t["pack_length"])
+
+        def collate(b):
+            return collate_packed(b, pad, dtype, layout)
+    else:
+        tr_items, va_items = tr, va
+
+        def collate(b):
+            out = collate_padded(b, pad)
+            out["position_ids"] = (out["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+            return out
+
+    return loaders(c, tr_items, va_items, collate)
+
+
 class ExtractorModule(RoleModule):
     def __init__(self, model, cfg: dict, tokenizer, gen_examples: list[dict]):
         super().__init__(model, cfg)
@@ -127,36 +162,14 @@ class Extractor(Role):
     def build(self, c: dict) -> Built:
         t, dc = c["task"], c["data"]
         tr_rows, va_rows = load_rows(c, ["extraction"])
-        model, tok = build_decoder(c["model"], seed=c["seed"])
-        layout = None
-        if t["packing"]:
-            impl = use_packed_attention(model) if t.get("packed_attention", True) else model.config._attn_implementation
-            layout = packed_layout(impl)
-        if c["model"].get("gradient_checkpointing"):
-            model.gradient_checkpointing_enable()
-        model = add_lora(model, c["peft"], c["model"], "CAUSAL_LM")
+        model, tok, layout = build_sft_model(c)
         kinds = list(t["kinds"])
         tr_rows = D.select_rows(tr_rows["extraction"], dc.get("max_train_examples"), t.get("nonempty_share"), kinds)
         va_rows = D.select_rows(va_rows["extraction"], dc.get("max_val_examples"), t.get("nonempty_share"), kinds)
         tr, _, dropped = sft_examples(tr_rows, tok, kinds, t["max_length"])
         va, gen, _ = sft_examples(va_rows, tok, kinds, t["max_length"])
         module = ExtractorModule(model, c, tok, gen[: t["gen_examples"]])
-        pad = tok.pad_token_id
-        dtype = next(model.parameters()).dtype
-        if t["packing"]:
-            tr_items, va_items = pack_examples(tr, t["pack_length"]), pack_examples(va, t["pack_length"])
-
-            def collate(b):
-                return collate_packed(b, pad, dtype, layout)
-        else:
-            tr_items, va_items = tr, va
-
-            def collate(b):
-                out = collate_padded(b, pad)
-                out["position_ids"] = (out["attention_mask"].cumsum(-1) - 1).clamp(min=0)
-                return out
-
-        train_loader, val_loader = loaders(c, tr_items, va_items, collate)
+        train_loader, val_loader = sft_loaders(c, model, tok, layout, tr, va)
         return Built(module, tok, train_loader, val_loader, D.fingerprint(dc["train_dir"], ["extraction"]),
                      {"dropped": dropped})
 

@@ -13,7 +13,7 @@ manifest.json::
 
     {
       "format": "arbormem-bundle", "format_version": 1,
-      "role": "reranker" | "extractor" | "tagger",
+      "role": "reranker" | "extractor" | "tagger" | "reader",
       "kind": "cross_encoder" | "llm_scorer" | "causal_lm" | "encoder_multilabel",
       "base_model": {"ref": "<model reference, see arbor_train.modelref>", "name": "<display name>"},
       "adapter": "adapter" | null, "merged": "merged" | null, "tokenizer": "tokenizer",
@@ -21,6 +21,7 @@ manifest.json::
       "max_length": 256,
       "labels": [...]            # tagger only: label order of the classification head
       "kinds": [...]             # extractor only: which extraction kinds it writes
+      "training_sessions": [...] # reader only: content fingerprints of its training sessions
       "metrics": {...}, "data_fingerprint": "sha256:...", "created_at": "ISO-8601",
       "arbor_train_version": "x.y.z", "git_commit": "..."
     }
@@ -42,6 +43,7 @@ ROLE_KINDS = {
     "reranker": {"cross_encoder", "llm_scorer"},
     "extractor": {"causal_lm"},
     "tagger": {"encoder_multilabel", "causal_lm"},
+    "reader": {"causal_lm"},
 }
 MANIFEST_FIELDS = {
     "format": str, "format_version": int, "role": str, "kind": str, "base_model": dict,
@@ -57,6 +59,7 @@ OPTIONAL_FIELDS = {
     "baselines": ((dict,), "an object"), "created_at": ((str,), "a string"),
     "arbor_train_version": ((str,), "a string"), "git_commit": ((str,), "a string"),
     "training_run": ((str,), "a string"),
+    "training_sessions": ((list,), "a list of session fingerprints"),
 }
 
 

@@ -92,6 +92,23 @@ class HFCausalLM:
         self._yes_no = yes_no_ids(tokenizer)
         return self
 
+    @classmethod
+    def from_bundle(cls, path: str, dtype: str = "auto", device: str = "cpu", batch_size: int = 8,
+                    role: str = "reader") -> "HFCausalLM":
+        """A tuned causal-LM bundle (role=reader: the answer model), merged in memory. Its cache id is the
+        bundle's identity (training data fingerprint and export time), so a retrained bundle never
+        reuses another's cached answers; `training_sessions` lists what it was trained on."""
+        from .bundle import load_bundle
+
+        b = load_bundle(path, role=role)
+        model, tok = b.load_model(device=device)
+        torch_dtype = resolve_dtype(dtype, device)
+        self = cls.from_parts(model.to(torch_dtype), tok, name=f"bundle:{path}", batch_size=batch_size)
+        self.cache_id = (f"bundle:{b.manifest['data_fingerprint']}|{b.manifest.get('created_at')}|"
+                         f"{str(torch_dtype).replace('torch.', '')}")
+        self.training_sessions = set(b.manifest.get("training_sessions") or [])
+        return self
+
     def render(self, messages: list[dict]) -> str:
         from ..prompts import RERANK_SYSTEM
 
@@ -211,4 +228,6 @@ def build_llm(cfg) -> LLM:
         return HFCausalLM(**cfg)
     if backend == "openai":
         return OpenAIEndpoint(**cfg)
-    raise ValueError(f"LLM option backend must be 'hf' or 'openai', got {backend!r}")
+    if backend == "bundle":
+        return HFCausalLM.from_bundle(**cfg)
+    raise ValueError(f"LLM option backend must be 'hf', 'openai' or 'bundle', got {backend!r}")

@@ -19,6 +19,9 @@ class Protocol:
     unit_id: Callable[[Any], str]           # the conversation id a method's memory is opened under
     replay: Callable[..., tuple[list[dict], list[dict]]]  # (unit, method, answers, judge, c) -> (question, turn records)
     summarize: Callable[[list[dict], list[dict]], dict]
+    # a unit's identity by content (None: the benchmark has none): a tuned reader is refused on its own
+    # training units (eval/run.py:check_reader_heldout)
+    fingerprint: Callable[[Any], str] | None = None
 
 
 def check_input(c: dict) -> None:

@@ -32,6 +32,18 @@ def load_sessions(data_dir: str | Path) -> list[dict]:
     return read_rows(Path(data_dir) / "jsonl" / "sessions.jsonl", "sessions")
 
 
+def session_fingerprint(sess: dict) -> str:
+    """The session's identity by content: a hash of its turns' user and assistant text, in order (ids are
+    reused across presets and seeds). Reader supervision records it; a reader bundle lists its own."""
+    import hashlib
+    import json
+
+    h = hashlib.sha256()
+    for t in sess["turns"]:
+        h.update(json.dumps([t["user"], t["assistant"]], ensure_ascii=False).encode("utf-8"))
+    return h.hexdigest()[:20]
+
+
 def replay_session(sess: dict, method, answers, budget: int, apply_forget: bool = True) -> tuple[list[dict], list[dict]]:
     """Replay one BranchMemEval session online: (question records, turn records).
 
@@ -116,4 +128,5 @@ def summarize(qrecs: list[dict], trecs: list[dict]) -> dict[str, Any]:
 
 PROTOCOL = Protocol(
     name="branchmem", check=check, load=lambda c: load_sessions(c["data_dir"]), unit_id=lambda s: s["session_id"],
-    replay=lambda s, method, answers, judge, c: replay_session(s, method, answers, c["budget"]), summarize=summarize)
+    replay=lambda s, method, answers, judge, c: replay_session(s, method, answers, c["budget"]), summarize=summarize,
+    fingerprint=session_fingerprint)
