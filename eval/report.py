@@ -12,7 +12,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-COLUMNS = ("benchmark", "method", "runtime_profile", "ablation", "budget", "questions", "accuracy", "gold_in_context",
+COLUMNS = ("benchmark", "method", "runtime_profile", "ablation", "budget", "reader", "questions", "accuracy", "gold_in_context",
            "confounder_in_context", "state_localization_at_questions", "state_localization_every_turn",
            "evidence_recall", "answer_token_recall", "f1", "context_tokens_mean", "ingest_s_per_turn", "read_s_p50", "read_s_p95", "questions_per_hour")
 
@@ -51,6 +51,28 @@ def label(r: dict) -> str:
     """A row's method, with its runtime profile where that is not the default."""
     prof = r.get("runtime_profile", "default")
     return r["method"] if prof == "default" else f"{r['method']} ({prof})"
+
+
+def accuracy_table(rows: list[dict]) -> str:
+    """Per run with answers: accuracy overall, per dimension and per question type, and the error categories
+    ("" when no run has answers)."""
+    from eval.scoring import ERROR_CATEGORIES
+
+    rows = [r for r in rows if r.get("accuracy_by_dimension")]
+    if not rows:
+        return ""
+    dims = sorted({d for r in rows for d in r["accuracy_by_dimension"]})
+    types = sorted({t for r in rows for t in r.get("accuracy_by_type") or {}})
+    out = ["| method | ablation | budget | reader | accuracy | " + " | ".join(d.replace("_", " ") for d in dims)
+           + " | " + " | ".join(types) + " | " + " / ".join(c.replace("_", " ") for c in ERROR_CATEGORIES) + " |",
+           "|---|---|---:|---|---:|" + "---:|" * (len(dims) + len(types)) + "---|"]
+    for r in sorted(rows, key=lambda r: (str(r.get("reader")), label(r), r.get("ablation", ""), r.get("budget", 0))):
+        cells = [_fmt(r["accuracy_by_dimension"].get(d)) for d in dims]
+        cells += [_fmt((r.get("accuracy_by_type") or {}).get(t)) for t in types]
+        errs = " / ".join(str((r.get("errors") or {}).get(c, 0)) for c in ERROR_CATEGORIES)
+        out.append(f"| {label(r)} | {r.get('ablation')} | {r.get('budget')} | {r.get('reader')} | "
+                   f"{_fmt(r.get('accuracy'))} | " + " | ".join(cells) + f" | {errs} |")
+    return "\n".join(out) + "\n"
 
 
 def category_table(rows: list[dict]) -> str:
@@ -127,7 +149,8 @@ def plots(rows: list[dict], out: Path) -> list[Path]:
         cats = [c for c in ERROR_CATEGORIES if c in seen] + sorted(seen - set(ERROR_CATEGORIES))
         fig, ax = plt.subplots(figsize=(7, 4))
         bottom = [0.0] * len(err)
-        labels = [f"{r['method']}/{r.get('ablation')}/{r.get('budget')}" for r in err]
+        labels = [f"{r['method']}/{r.get('ablation')}/{r.get('budget')}" + (f"\n{Path(str(r['reader'])).name}" if r.get("reader") else "")
+                  for r in err]
         for c in cats:
             vals = [r["errors"].get(c, 0) for r in err]
             ax.bar(labels, vals, bottom=bottom, label=c)
@@ -148,6 +171,8 @@ def report(paths: list[str | Path], out: str | Path) -> dict:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     md = table(rows)
+    if acc := accuracy_table(rows):
+        md += "\nAnswer accuracy per dimension and question type, and error categories:\n\n" + acc
     if cat := category_table(rows):
         md += "\nPer LoCoMo category (evidence recall / answer-token recall):\n\n" + cat
     (out / "table.md").write_text(md)

@@ -120,6 +120,14 @@ def check_reader_heldout(c: dict, protocol, units: list) -> None:
                           f"sessions (another seed or preset)")
 
 
+def answer_model_name(cfg: dict) -> str | None:
+    """Which model answered, for tables: a reader bundle's folder, or the model reference (None: no answers)."""
+    if cfg["kind"] == "none":
+        return None
+    llm = cfg["llm"]
+    return f"bundle {llm['path']}" if llm.get("backend") == "bundle" else str(llm.get("model"))
+
+
 def build_answer_model(cfg: dict):
     """None (no generation: answer-independent metrics only), or an LLM backend (hf | openai)."""
     if cfg["kind"] == "none":
@@ -174,6 +182,7 @@ def run(cfg: DictConfig) -> dict:
     summary = protocol.summarize(qrecs, trecs)
     res = {"benchmark": c["benchmark"], "method": c["method"], "ablation": c["ablation"]["name"], "budget": c["budget"],
            "runtime_profile": c["runtime_profile"], "answer_model": c["answer_model"]["kind"],
+           "reader": answer_model_name(c["answer_model"]),
            "sessions": len(units), "seconds": round(elapsed, 2), "answer_calls": answer_stats,
            "questions_per_hour": round(len(qrecs) / max(elapsed, 1e-9) * 3600, 1), **summary}
     out = Path(c["run_dir"])

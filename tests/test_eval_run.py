@@ -407,3 +407,23 @@ def test_the_report_adds_a_per_category_table_for_locomo_runs():
     assert lines[3] == "| bm25 | 1024 | 0.5 / 0.6 | 0.9 / 0.95 | 0.7 / 0.8 |"
     assert "answer_token_recall" in table(rows).splitlines()[0]
     assert category_table([{"method": "bm25", "budget": 1, "gold_in_context": 0.5}]) == ""
+
+
+def test_the_report_adds_an_accuracy_table_per_reader():
+    from eval.report import accuracy_table, table
+
+    base = {"benchmark": "branchmem", "method": "arbormem", "runtime_profile": "default", "budget": 1024, "run": "a"}
+    rows = [dict(base, ablation="full", reader="bundle outputs/bundles/reader", accuracy=0.5,
+                 accuracy_by_dimension={"interleaving": 0.4, "parallel_confusion": 0.6},
+                 accuracy_by_type={"update_current": 1.0},
+                 errors={"correct": 5, "hedge": 0, "retrieval_failure": 2, "trajectory_confusion": 1, "other": 2}),
+            dict(base, ablation="no_routing", reader="gguf:x.gguf", accuracy=0.25,
+                 accuracy_by_dimension={"interleaving": 0.25}, accuracy_by_type={},
+                 errors={"correct": 1, "other": 3})]
+    lines = accuracy_table(rows).splitlines()
+    assert lines[0] == ("| method | ablation | budget | reader | accuracy | interleaving | parallel confusion | "
+                        "update_current | correct / hedge / retrieval failure / trajectory confusion / other |")
+    assert lines[2] == "| arbormem | full | 1024 | bundle outputs/bundles/reader | 0.5 | 0.4 | 0.6 | 1 | 5 / 0 / 2 / 1 / 2 |"
+    assert lines[3] == "| arbormem | no_routing | 1024 | gguf:x.gguf | 0.25 | 0.25 | — | — | 1 / 0 / 0 / 0 / 3 |"
+    assert "| reader |" in table(rows).splitlines()[0]
+    assert accuracy_table([dict(base, gold_in_context=0.5)]) == ""
