@@ -147,23 +147,32 @@ def plots(rows: list[dict], out: Path) -> list[Path]:
 
         seen = {k for r in err for k in r["errors"]}
         cats = [c for c in ERROR_CATEGORIES if c in seen] + sorted(seen - set(ERROR_CATEGORIES))
-        fig, ax = plt.subplots(figsize=(7, 4))
-        bottom = [0.0] * len(err)
-        labels = [f"{r['method']}/{r.get('ablation')}/{r.get('budget')}" + (f"\n{Path(str(r['reader'])).name}" if r.get("reader") else "")
+        fig, ax = plt.subplots(figsize=(10.5, 1.4 + 0.42 * len(err)))
+        left = [0.0] * len(err)
+        labels = [f"{label(r)} / {r.get('ablation')} / {r.get('budget')}" + (f" / {_reader_short(r['reader'])}" if r.get("reader") else "")
                   for r in err]
+        ys = list(range(len(err)))[::-1]  # first run on top
         for c in cats:
             vals = [r["errors"].get(c, 0) for r in err]
-            ax.bar(labels, vals, bottom=bottom, label=c)
-            bottom = [b + v for b, v in zip(bottom, vals)]
-        ax.set_ylabel("questions")
-        ax.set_title("error categories")
-        ax.legend(fontsize=8)
-        plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
+            ax.barh(ys, vals, left=left, label=c.replace("_", " "))
+            left = [b + v for b, v in zip(left, vals)]
+        ax.set_yticks(ys)
+        ax.set_yticklabels(labels, fontsize=8)
+        ax.set_xlabel("questions")
+        ax.set_title("error categories (method / ablation / budget / reader)")
+        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
         fig.tight_layout()
         fig.savefig(out / "error_categories.png", dpi=120)
         plt.close(fig)
         written.append(out / "error_categories.png")
     return written
+
+
+def _reader_short(name: str) -> str:
+    """A short name for the model that answered: "bundle reader" or "SmolLM2-135M-Instruct"."""
+    if name.startswith("bundle "):
+        return "bundle " + Path(name[len("bundle "):]).name
+    return Path(name.split(":", 1)[-1]).name.split(".")[0]
 
 
 def report(paths: list[str | Path], out: str | Path) -> dict:
