@@ -85,7 +85,8 @@ __all__ = [
 ]
 
 
-def build_sft_example(tokenizer: Any, messages: list[dict], completion: str, max_length: int) -> dict | None:
+def build_sft_example(tokenizer: Any, messages: list[dict], completion: str, max_length: int,
+                      truncate_prompt: bool = True) -> dict | None:
     """Tokenize one prompt/completion pair with a completion-only loss mask.
 
     The prompt is ``tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)``;
@@ -96,7 +97,8 @@ def build_sft_example(tokenizer: Any, messages: list[dict], completion: str, max
     ``n_prompt`` prompt tokens and the token ids on the ``n_completion`` completion tokens. When the
     whole is longer than ``max_length`` the prompt is truncated from the left (its oldest tokens go
     first) and the completion is kept intact; when the completion alone is longer than ``max_length``
-    the example is dropped and ``None`` is returned (callers count these).
+    the example is dropped and ``None`` is returned (callers count these). With ``truncate_prompt=False``
+    an example whose prompt does not fit is dropped the same way instead of truncated.
     """
     if max_length <= 0:
         raise ValueError(f"max_length must be positive, got {max_length}")
@@ -110,6 +112,8 @@ def build_sft_example(tokenizer: Any, messages: list[dict], completion: str, max
         return None
     room = max_length - len(completion_ids)
     if len(prompt_ids) > room:
+        if not truncate_prompt:
+            return None
         prompt_ids = prompt_ids[len(prompt_ids) - room :] if room > 0 else []
     return {
         "input_ids": prompt_ids + completion_ids,

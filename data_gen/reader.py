@@ -85,26 +85,26 @@ def runtime_for(c: dict, ablation: str) -> dict:
                            "ablation": switches})
 
 
-def build_rows(c: dict, sessions: list[dict]) -> list[dict]:
+def build_rows(c: dict, sessions: list[tuple[dict, str]], runtimes: dict[str, dict]) -> list[dict]:
+    """Reader rows of (session, fingerprint) pairs; `runtimes`: ablation -> its checked runtime config."""
     from tqdm import tqdm
 
     from arbor_train.runtime import TokenCounter, build_components
     from eval.methods import build_method
-    from eval.protocols.branchmem import replay_session, session_fingerprint
+    from eval.protocols.branchmem import replay_session
 
     grid = [(b, a) for b in c["budgets"] for a in c["ablations"]]
-    runtimes: dict[str, tuple[dict, dict]] = {}
+    components: dict[str, dict] = {}
     counter = None
     rows: list[dict] = []
-    for sess in tqdm(sessions, desc="reader contexts", unit="session", disable=not c["progress"]):
-        fp = session_fingerprint(sess)
+    for sess, fp in tqdm(sessions, desc="reader contexts", unit="session", disable=not c["progress"]):
         qinfo = {q["turn"]: q for q in sess["questions"]}
         turns = {t["index"]: t for t in sess["turns"]}
         for budget, ablation in settings_for(sess["session_id"], grid, c["settings_per_session"], c["seed"]):
-            if ablation not in runtimes:
-                rc = runtime_for(c, ablation)
-                runtimes[ablation] = (rc, build_components(rc))
-            rc, comps = runtimes[ablation]
+            rc = runtimes[ablation]
+            if ablation not in components:
+                components[ablation] = build_components(rc)
+            comps = components[ablation]
             counter = counter or TokenCounter(rc["context"]["tokenizer"])
             collector = ContextCollector()
             method = build_method("arbormem", rc, comps, sess["session_id"], counter, 2.0)
@@ -170,13 +170,14 @@ def run(cfg: DictConfig | dict) -> dict:
     from eval.protocols.branchmem import session_fingerprint
 
     held = {session_fingerprint(s) for d in c["exclude"] for s in load_sessions(d)}
-    sessions = load_sessions(c["data_dir"])
-    excluded = [s["session_id"] for s in sessions if session_fingerprint(s) in held]
-    sessions = [s for s in sessions if session_fingerprint(s) not in held][: c["max_sessions"] or None]
+    pairs = [(s, session_fingerprint(s)) for s in load_sessions(c["data_dir"])]
+    excluded = [s["session_id"] for s, fp in pairs if fp in held]
+    pairs = [(s, fp) for s, fp in pairs if fp not in held][: c["max_sessions"] or None]
+    sessions = [s for s, _ in pairs]
     with quiet():
-        for a in c["ablations"]:
-            runtime_for(c, a)  # every setting's runtime options checked before the replay starts
-        rows = build_rows(c, sessions)
+        # every setting's runtime options checked before the replay starts
+        runtimes = {a: runtime_for(c, a) for a in c["ablations"]}
+        rows = build_rows(c, pairs, runtimes)
     stats = compute_stats(c, sessions, rows)
     stats["excluded_sessions"] = excluded
     write_sets(out, {"reader": rows}, stats, card(stats), c["overwrite"])

@@ -119,15 +119,21 @@ class ExtractorModule(RoleModule):
         return llm.chat(messages, max_new_tokens=self.cfg["task"]["max_new_tokens"])
 
     @torch.no_grad()
+    def held_out_outputs(self) -> list[str]:
+        """Greedy completions of the fixed held-out sample; the module's train mode is restored after."""
+        was_training = self.model.training
+        outs = through_root(self, "generate_outputs", [g["messages"] for g in self.gen_examples])
+        if was_training:
+            self.model.train()
+        return outs
+
+    @torch.no_grad()
     def generate_metrics(self) -> dict[str, Any]:
         from ..metrics import fact_f1, json_validity, slot_f1
 
         if not self.gen_examples:
             return {}
-        was_training = self.model.training
-        outs = through_root(self, "generate_outputs", [g["messages"] for g in self.gen_examples])
-        if was_training:
-            self.model.train()
+        outs = self.held_out_outputs()
         m: dict[str, Any] = {"json_validity": json_validity(outs), "generated": len(outs)}
         by_kind: dict[str, tuple[list, list]] = {}
         for g, o in zip(self.gen_examples, outs):

@@ -25,7 +25,6 @@ from .. import data as D
 from ..errors import ConfigError
 from ..packing import build_sft_example
 from ..prompts import READER_TEMPLATE, UNKNOWN_ANSWER, answer_messages
-from ..wrap import through_root
 from .common import Built, Role, load_rows
 from .extractor import ExtractorModule, build_sft_model, sft_loaders
 
@@ -51,10 +50,8 @@ def reader_examples(rows: list[dict], tokenizer, max_length: int) -> tuple[list[
     examples, gen, dropped = [], [], 0
     for r in rows:
         messages = answer_messages(r["context"], r["input"])
-        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        n_prompt = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
-        ex = build_sft_example(tokenizer, messages, r["answer"], max_length)
-        if ex is None or ex["n_prompt"] < n_prompt:  # the prompt would be cut: drop, do not truncate
+        ex = build_sft_example(tokenizer, messages, r["answer"], max_length, truncate_prompt=False)
+        if ex is None:  # the prompt would be cut: drop, do not truncate
             dropped += 1
             continue
         examples.append(ex)
@@ -90,10 +87,7 @@ class ReaderModule(ExtractorModule):
     def generate_metrics(self) -> dict[str, Any]:
         if not self.gen_examples:
             return {}
-        was_training = self.model.training
-        outs = through_root(self, "generate_outputs", [g["messages"] for g in self.gen_examples])
-        if was_training:
-            self.model.train()
+        outs = self.held_out_outputs()
         rows = [g["row"] for g in self.gen_examples]
         m = reader_scores(outs, rows)
         m["samples"] = [{"question": r["input"], "target": r["answer"], "output": o} for r, o in list(zip(rows, outs))[:3]]
