@@ -49,10 +49,17 @@ def fingerprint(data_dir: str | Path, names: list[str]) -> str:
     return "sha256:" + h.hexdigest()[:32]
 
 
-def candidate_text(c: dict) -> str:
+def candidate_of(c: dict) -> Candidate:
+    """A candidate row of the routing / localization sets as the runtime's Candidate (channels included)."""
+    ch = c.get("channels") or "{}"
     return Candidate(node_id=c["turn"], topic_key=c["topic_key"], path_summary=c["path_summary"],
                      node_summary=c["node_summary"], entities=list(c["entities"]), seq=c["turn"], root_id=-1,
-                     speaker=c.get("speaker"), back=c.get("back"), minutes=c.get("minutes")).document()
+                     channels=json.loads(ch) if isinstance(ch, str) else dict(ch),
+                     speaker=c.get("speaker"), back=c.get("back"), minutes=c.get("minutes"))
+
+
+def candidate_text(c: dict) -> str:
+    return candidate_of(c).document()
 
 
 @dataclass
@@ -94,12 +101,19 @@ def rerank_groups(rows, source: str, group_size: int, include_new_root: bool = T
     return out
 
 
-def encode_groups(groups: list[RerankGroup], tokenizer, max_length: int) -> list[dict]:
+def encode_groups(groups: list[RerankGroup], tokenizer, max_length: int, pair_features: bool = False) -> list[dict]:
+    """Token ids of every (query, document) pair of each group; with `pair_features`, also the runtime's
+    pair and query feature vectors (arbor_train.runtime.rerank.pair_features) the bundle's head reads."""
+    from arbor_train.runtime.rerank import pair_features as features
+
     out = []
     for g in groups:
         enc = encode_pairs(tokenizer, [g.query] * len(g.docs), g.docs, max_length)
-        out.append({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
-                    "token_type_ids": enc.get("token_type_ids"), "gold": g.gold})
+        ex = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
+              "token_type_ids": enc.get("token_type_ids"), "gold": g.gold}
+        if pair_features:
+            ex["features"], ex["query_features"] = features(g.query, [candidate_of(c) for c in g.cands])
+        out.append(ex)
     return out
 
 
@@ -132,6 +146,9 @@ def collate_groups(batch: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
            "gold": torch.tensor([ex["gold"] for ex in batch])}
     if batch and batch[0].get("token_type_ids"):
         out["token_type_ids"] = pad_sequences([t for ex in batch for t in ex["token_type_ids"]], 0, left)
+    if batch and "features" in batch[0]:
+        out["features"] = torch.tensor([f for ex in batch for f in ex["features"]], dtype=torch.float32)
+        out["query_features"] = torch.tensor([ex["query_features"] for ex in batch], dtype=torch.float32)
     return out
 
 

@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from arbor_train.errors import (ConfigError, MissingInputError, OutputExistsError, conf_options, entry_point,
                                 parse_bool, parse_choice, parse_int)
@@ -97,7 +97,9 @@ def card(stats: dict, source: str) -> str:
         lines.append(f"| {split} | {s['files']} | {s['lines']:,} | {s['messages']:,} | {s['new_conversation']:,} | "
                      f"{s['multi_parent']:,} | {s['gold_recalled'] / max(1, s['messages']):.3f} |")
     lines += ["", "`gold recalled`: the share of annotated messages whose gold parent was among the runtime's "
-              f"recalled candidates (profile `{stats['runtime_profile']}`), or that start a conversation."]
+              f"recalled candidates (profile `{stats['runtime_profile']}`"
+              + (f", overrides `{' '.join(stats['runtime_overrides'])}`" if stats.get("runtime_overrides") else "")
+              + "), or that start a conversation."]
     return "\n".join(lines) + "\n"
 
 
@@ -111,9 +113,10 @@ def run(cfg: DictConfig) -> dict:
 def _run(cfg: DictConfig) -> dict:
     from tqdm import tqdm
 
-    from arbor_train.runtime import build_components, default_config
+    from arbor_train.runtime import build_components
     from data_gen.io import write_sets
     from eval.benchmarks.irc import load_irc
+    from eval.run import runtime_config
 
     if OmegaConf.is_missing(cfg, "input") or not cfg.input:
         raise ConfigError("option input (the folder holding train/ and dev/) is required, e.g. input=../shared/data/irc")
@@ -128,14 +131,18 @@ def _run(cfg: DictConfig) -> dict:
             raise MissingInputError(f"option splits: {src / s} is not a folder")
     overwrite, progress = parse_bool(cfg.overwrite, "overwrite"), parse_bool(cfg.progress, "progress")
     parse_choice(cfg.runtime_profile, "runtime_profile", conf_options("runtime"))
+    overrides = OmegaConf.to_container(cfg.runtime_overrides) if isinstance(cfg.runtime_overrides, ListConfig) else None
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise ConfigError(f"option runtime_overrides must be a list of override strings (key=value), "
+                          f"got {cfg.runtime_overrides!r}")
     max_files = None if cfg.max_files is None else parse_int(cfg.max_files, "max_files", minimum=1)
     out = Path(str(cfg.out_dir))
     if out.exists() and not overwrite:  # fail before any work
         raise OutputExistsError(f"out_dir={str(out)!r} already exists; pass overwrite=true to replace it")
     files = {s: load_irc(src / s)[:max_files] for s in splits}  # every file parsed before anything is written
-    runtime_cfg = default_config(cfg.runtime_profile)
+    runtime_cfg = runtime_config({"runtime_profile": cfg.runtime_profile, "runtime_overrides": overrides, "ablation": {}})
     comps = build_components(runtime_cfg)
-    stats: dict = {"runtime_profile": cfg.runtime_profile, "splits": {}}
+    stats: dict = {"runtime_profile": cfg.runtime_profile, "runtime_overrides": overrides, "splits": {}}
     for split, fs in files.items():
         counts: Counter = Counter()
         rows = {"conversations": [conversation_row(f) for f in fs], "routing": []}
@@ -144,7 +151,7 @@ def _run(cfg: DictConfig) -> dict:
         s = {"files": len(fs), "lines": sum(len(f.messages) for f in fs), **{k: counts[k] for k in (
             "messages", "new_conversation", "multi_parent", "gold_recalled")}}
         stats["splits"][split] = s
-        write_sets(out / split, rows, s, card({"runtime_profile": cfg.runtime_profile, "splits": {split: s}},
+        write_sets(out / split, rows, s, card({**stats, "splits": {split: s}},
                                                 str(src / split)), overwrite)
     (out / "README.md").write_text(card(stats, str(src)))
     print(card(stats, str(src)))

@@ -80,12 +80,16 @@ class RoleModule(L.LightningModule):
             if isinstance(v, (int, float)) and v is not None and k != "loss":
                 self.log(f"val/{k}", float(v))
 
+    def param_groups(self) -> list:
+        """What the optimizer trains: every trainable parameter (a role may split them into groups with
+        their own learning rates)."""
+        return [p for p in self.parameters() if p.requires_grad]
+
     def configure_optimizers(self):
         from hydra.utils import instantiate
 
-        params = [p for p in self.parameters() if p.requires_grad]
         try:
-            opt = instantiate(self.cfg["optim"])(params)
+            opt = instantiate(self.cfg["optim"])(self.param_groups())
         except Exception as e:  # a wrong class or argument in the optim group
             raise ConfigError(f"option optim: cannot build the optimizer ({type(e).__name__}: {e})") from e
         sc = self.cfg.get("scheduler")

@@ -12,7 +12,6 @@ reranker and the untuned model, on the same held-out groups.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +43,54 @@ def mix_groups(c: dict) -> list:
     return out
 
 
+class PairHead(torch.nn.Module):
+    """The head over the runtime's pair features (`task.pair_features`): w2 . tanh(W1 f + b1) + b2 is added
+    to each pair's encoder logit, and wq . q (the input's features) to the new-root logit. The output
+    layer and wq start at zero, so training starts from the encoder alone. Exported as the manifest's
+    `pair_head`; arbor_train.runtime.rerank.PairHead computes the same in numpy."""
+
+    def __init__(self, hidden: int, seed: int):
+        from ..runtime.rerank import PAIR_FEATURES, QUERY_FEATURES
+
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.hidden = torch.nn.Linear(len(PAIR_FEATURES), hidden)
+        with torch.no_grad():
+            self.hidden.weight.copy_(torch.randn(hidden, len(PAIR_FEATURES), generator=g) / len(PAIR_FEATURES) ** 0.5)
+            self.hidden.bias.zero_()
+        self.out = torch.nn.Linear(hidden, 1)
+        torch.nn.init.zeros_(self.out.weight)
+        torch.nn.init.zeros_(self.out.bias)
+        self.query = torch.nn.Parameter(torch.zeros(len(QUERY_FEATURES)))
+
+    def forward(self, f: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.hidden(f)))[:, 0]
+
+    def to_json(self, root_bias: float) -> dict:
+        from ..runtime.rerank import PAIR_FEATURES, QUERY_FEATURES
+
+        t = lambda x: x.detach().float().cpu().tolist()  # noqa: E731
+        return {"features": PAIR_FEATURES, "query_features": QUERY_FEATURES, "w1": t(self.hidden.weight),
+                "b1": t(self.hidden.bias), "w2": t(self.out.weight[0]), "b2": float(self.out.bias.detach()),
+                "wq": t(self.query), "root_bias": root_bias}
+
+
 class RerankerModule(RoleModule):
     def __init__(self, model, cfg: dict):
         super().__init__(model, cfg)
         self.new_root_logit = torch.nn.Parameter(torch.tensor(float(cfg["task"]["new_root_init"])))
+        t = cfg["task"]
+        self.pair_head = PairHead(int(t.get("pair_hidden", 32)), cfg["seed"]) if t.get("pair_features") else None
         self._val: list[dict] = []
+
+    def param_groups(self) -> list:
+        """The pair head learns at `task.pair_lr` (a small MLP over a few features, from zero), the encoder's
+        LoRA and the new-root logit at the optimizer's rate."""
+        if self.pair_head is None or self.cfg["task"].get("pair_lr") is None:
+            return super().param_groups()
+        head = {id(p) for p in self.pair_head.parameters()}
+        return [{"params": [p for p in self.parameters() if p.requires_grad and id(p) not in head]},
+                {"params": list(self.pair_head.parameters()), "lr": float(self.cfg["task"]["pair_lr"])}]
 
     def scores(self, batch: dict) -> torch.Tensor:
         """One logit per (input, candidate) pair: the head's output for a cross-encoder; for an LLM
@@ -60,13 +102,19 @@ class RerankerModule(RoleModule):
             return out[:, yes] - out[:, no]
         if "token_type_ids" in batch:
             kwargs["token_type_ids"] = batch["token_type_ids"]
-        return self.model(**kwargs).logits[:, 0].float()
+        s = self.model(**kwargs).logits[:, 0].float()
+        if self.pair_head is not None:
+            s = s + self.pair_head(batch["features"])
+        return s
 
     def group_logits(self, batch: dict) -> list[torch.Tensor]:
         s = self.scores(batch)
+        root = self.new_root_logit.expand(len(batch["group_sizes"]))
+        if self.pair_head is not None:
+            root = root + batch["query_features"] @ self.pair_head.query
         out, k = [], 0
-        for n in batch["group_sizes"].tolist():
-            out.append(torch.cat([s[k : k + n], self.new_root_logit.view(1)]))
+        for i, n in enumerate(batch["group_sizes"].tolist()):
+            out.append(torch.cat([s[k : k + n], root[i].view(1)]))
             k += n
         return out
 
@@ -79,9 +127,9 @@ class RerankerModule(RoleModule):
         return torch.stack(losses).mean(), len(groups), groups
 
     def collect_validation(self, batch: dict, groups: list[torch.Tensor]) -> None:
-        thr = float(self.new_root_logit.detach())
-        for logits, gold in zip(groups, batch["gold"].tolist()):
-            self._val.append({"scores": logits[:-1].tolist(), "gold": None if gold < 0 else gold, "threshold": thr})
+        for logits, gold in zip(groups, batch["gold"].tolist()):  # each group's own new-root logit
+            self._val.append({"scores": logits[:-1].tolist(), "gold": None if gold < 0 else gold,
+                              "threshold": float(logits[-1].detach())})
 
     def epoch_metrics(self) -> dict[str, Any]:
         from ..metrics import rerank_metrics
@@ -122,6 +170,10 @@ class Reranker(Role):
         groups["val"] = cap(groups["val"], dc.get("max_val_examples"))
         mixed = mix_groups(c)
         groups["train"] += mixed
+        pair = bool(t.get("pair_features"))
+        if pair and c["model"]["family"] == "decoder":
+            raise ConfigError(f"option task.pair_features=true needs a cross-encoder; model={c['model']['name']} "
+                              "is a decoder (task=reranker_llm)")
         if c["model"]["family"] == "decoder":  # LLM scorer: p(yes) at the answer position, Qwen3-Reranker layout
             from ..runtime.llm import yes_no_ids
 
@@ -133,7 +185,9 @@ class Reranker(Role):
             model, tok = build_encoder(c["model"], num_labels=1, seed=c["seed"])
             model = add_lora(model, c["peft"], c["model"], "SEQ_CLS", modules_to_save=list(c["model"]["head_modules"]))
             yes_no = None
-            encode = D.encode_groups
+
+            def encode(groups, tok, max_length):
+                return D.encode_groups(groups, tok, max_length, pair_features=pair)
         pad = tok.pad_token_id
 
         def collate(b):
@@ -154,23 +208,23 @@ class Reranker(Role):
         from ..metrics import rerank_metrics
         from ..runtime import default_config
         from ..runtime.rerank import HeuristicReranker
-        from ..runtime.schema import Candidate
 
         out = super().baselines(c, built, trainer)
         rcfg = default_config()
         h = HeuristicReranker(**rcfg["reranker"]["heuristic"])
         groups = []
         for g in built.extras["groups"]["val"]:
-            cands = [Candidate(node_id=x["turn"], topic_key=x["topic_key"], path_summary=x["path_summary"],
-                               node_summary=x["node_summary"], entities=list(x["entities"]), seq=x["turn"], root_id=-1,
-                               channels=json.loads(x["channels"])) for x in g.cands]
+            cands = [D.candidate_of(x) for x in g.cands]
             groups.append({"scores": h.score(g.query, cands), "gold": None if g.gold < 0 else g.gold,
                            "threshold": rcfg["localization"]["new_root_threshold"]})
         out["heuristic"] = rerank_metrics(groups)
         return out
 
     def extras(self, c: dict, built: Built) -> dict[str, Any]:
-        return {"new_root_threshold": round(built.module.threshold, 6)}
+        out: dict[str, Any] = {"new_root_threshold": round(built.module.threshold, 6)}
+        if built.module.pair_head is not None:
+            out["pair_head"] = built.module.pair_head.to_json(float(built.module.new_root_logit.detach()))
+        return out
 
     def prompt_template(self, kind: str) -> dict:
         if kind == "llm_scorer":

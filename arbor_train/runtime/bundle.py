@@ -60,6 +60,7 @@ OPTIONAL_FIELDS = {
     "arbor_train_version": ((str,), "a string"), "git_commit": ((str,), "a string"),
     "training_run": ((str,), "a string"),
     "training_sessions": ((list,), "a list of session fingerprints"),
+    "pair_head": ((dict,), "an object (the reranker's pair-feature head)"),
 }
 
 

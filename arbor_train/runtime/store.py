@@ -511,6 +511,11 @@ class Store:
         return [int(r[0]) for r in self.db.execute(
             "SELECT id FROM nodes WHERE conversation_id=? AND speaker=? ORDER BY seq DESC LIMIT ?", (conv, speaker, k))]
 
+    def count_by_speaker_since(self, conv: str, speaker: str, seq: int) -> int:
+        """How many nodes the speaker wrote after position seq."""
+        return int(self.db.execute("SELECT COUNT(*) FROM nodes WHERE conversation_id=? AND speaker=? AND seq>?",
+                                   (conv, speaker, seq)).fetchone()[0])
+
     def recent_ids(self, conv: str, k: int) -> list[int]:
         return [int(r[0]) for r in self.db.execute(
             "SELECT id FROM nodes WHERE conversation_id=? ORDER BY seq DESC LIMIT ?", (conv, k))]

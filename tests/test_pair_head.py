@@ -1,0 +1,101 @@
+"""The reranker's pair-feature head: features the runtime computes for group-chat candidates, the same
+numbers in training (torch) and at run time (numpy), refusal of a head trained on other features, and a
+tiny run whose exported head the runtime applies to every candidate."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from arbor_train.runtime.bundle import BundleError
+from arbor_train.runtime.rerank import PAIR_FEATURES, QUERY_FEATURES, PairHead, pair_features
+from arbor_train.runtime.schema import Candidate
+
+
+def cand(node_id, summary="x", speaker=None, back=None, minutes=None, **channels):
+    return Candidate(node_id, "topic", "path", summary, [], node_id, 1, channels=channels, speaker=speaker,
+                     back=back, minutes=minutes)
+
+
+def test_group_features_bin_distance_minutes_and_who_names_whom():
+    f, q = pair_features("alice: bob, thanks!", [
+        cand(1, "bob: did that work?", "bob", back=4, minutes=12, addressed=1.0, addresses_input=1.0, speaker_later=0.0,
+             semantic=0.5, recent=1.0, fused=0.02),
+        cand(2, "carol: hi", "carol", back=60, minutes=None, speaker_later=3.0)])
+    a, b = (dict(zip(PAIR_FEATURES, row)) for row in f)
+    assert len(f[0]) == len(PAIR_FEATURES) and len(q) == len(QUERY_FEATURES)
+    # one bin each: 4 back is in (3, 5]; 12 minutes in (7, 15]; 60 back past the last edge; no time: unknown
+    assert [k for k in PAIR_FEATURES if k.startswith("back") and a[k]] == ["back<=5"]
+    assert [k for k in PAIR_FEATURES if k.startswith("minutes") and a[k]] == ["minutes<=15"]
+    assert [k for k in PAIR_FEATURES if k.startswith("back") and b[k]] == ["back>50"]
+    assert [k for k in PAIR_FEATURES if k.startswith("minutes") and b[k]] == ["minutes_unknown"]
+    assert a["log_back"] == pytest.approx(math.log(5) / math.log(101))
+    assert (a["addressed"], a["addresses_input"], a["speaker_latest"], a["candidate_question"]) == (1, 1, 1, 1)
+    assert (b["addressed"], b["speaker_latest"], b["candidate_question"]) == (0, 0, 0)
+    assert (a["semantic"], a["recent"], a["keyword"], a["fused"]) == (0.5, 1.0, 0.0, pytest.approx(0.2))
+    qd = dict(zip(QUERY_FEATURES, q))
+    assert (qd["group"], qd["thanks"], qd["addresses"], qd["question"], qd["words<=3"]) == (1, 1, 1, 0, 1)
+
+
+def test_one_user_candidates_have_no_group_features():
+    f, q = pair_features("What is Ann's budget?", [cand(1, "Ann budget 900", semantic=0.4)])
+    row = dict(zip(PAIR_FEATURES, f[0]))
+    group = PAIR_FEATURES[: PAIR_FEATURES.index("candidate_question") + 1]
+    assert all(row[k] == 0.0 for k in group) and row["semantic"] == 0.4
+    assert dict(zip(QUERY_FEATURES, q))["group"] == 0.0 and dict(zip(QUERY_FEATURES, q))["question"] == 1.0
+
+
+def test_runtime_head_computes_what_the_training_head_computes():
+    from arbor_train.roles.reranker import PairHead as TorchHead
+
+    head = TorchHead(hidden=5, seed=3)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn_like(p))
+    cands = [cand(1, "bob: ok?", "bob", back=2, minutes=1, same_speaker=1.0), cand(2, "x", "carol", back=9, minutes=40)]
+    f, q = pair_features("alice: bob try this", cands)
+    with torch.no_grad():
+        want = (head(torch.tensor(f)) - torch.tensor(q) @ head.query).numpy()
+    got = PairHead.load(json.loads(json.dumps(head.to_json(root_bias=0.7))), "m.json").offsets("alice: bob try this", cands)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_head_for_other_features_is_refused_naming_the_field():
+    from arbor_train.roles.reranker import PairHead as TorchHead
+
+    d = TorchHead(hidden=2, seed=0).to_json(0.0)
+    with pytest.raises(BundleError, match="manifest.json: field 'pair_head' was trained on other features"):
+        PairHead.load({**d, "features": d["features"][:-1]}, "b/manifest.json")
+    with pytest.raises(BundleError, match="field 'pair_head' has inconsistent shapes"):
+        PairHead.load({**d, "wq": d["wq"][:-1]}, "b/manifest.json")
+
+
+def test_tiny_run_exports_a_head_the_runtime_adds_to_every_candidate(tmp_path, smoke_data):
+    from arbor_train.export import export
+    from arbor_train.runtime import ArborMemory, default_config, load_bundle
+    from arbor_train.train import train
+    from tests.test_train import tcfg
+
+    res = train(tcfg(tmp_path / "run", smoke_data, "task.pair_features=true", "task.pair_hidden=4"))
+    bundle = export(res["run_dir"], tmp_path / "bundle", log_artifact=False)
+    m = load_bundle(bundle, role="reranker").manifest
+    assert m["pair_head"]["features"] == PAIR_FEATURES
+    assert any(w != 0.0 for w in m["pair_head"]["w2"]), "the head's output layer starts at zero and must train"
+    assert m["new_root_threshold"] == pytest.approx(1 / (1 + math.exp(-m["pair_head"]["root_bias"])), abs=1e-6)
+    cfg = default_config("group_chat_pairs", [f"reranker.bundle.path={bundle}", "reranker.bundle.quantize=null",
+                                              "embedder.kind=hashing"])
+    mem = ArborMemory.open(tmp_path / "m.sqlite", "c", cfg)
+    for who, text in [("alice", "my wifi drops every hour"), ("bob", "alice: which driver?"), ("carol", "anyone on 22.04?")]:
+        mem.step(f"{who}: {text}", "", speaker=who)
+    loc = mem.localize("alice: bob: iwlwifi", speaker="alice")
+    assert loc.candidates and all(c.speaker for c in loc.candidates)
+    # the scores are sigmoid(encoder logit + head offset); the encoder alone gives other scores
+    mem.reranker.head, head = None, mem.reranker.head
+    plain = mem.reranker.score("alice: bob: iwlwifi", loc.candidates)
+    offs = head.offsets("alice: bob: iwlwifi", loc.candidates)
+    want = [1 / (1 + math.exp(-(math.log(p / (1 - p)) + o))) for p, o in zip(plain, offs)]
+    assert [c.score for c in loc.candidates] == pytest.approx(want, abs=1e-5)
+    assert any(abs(o) > 1e-4 for o in offs)
+    mem.close()
