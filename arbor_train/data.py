@@ -285,9 +285,9 @@ def select_rows(rows, cap: int | None, nonempty_share: float | None, kinds: list
     rows = list(rows)
     if nonempty_share is None:
         return rows[:cap] if cap else rows
-    full = [r for r in rows if any(json.loads(r["target"])[k] for k in kinds)]
+    full = [r for r in rows if any(json.loads(r["target"]).get(k) for k in kinds)]
     empty = [r for r in rows if r not in full] if len(rows) < 5000 else [
-        r for r in rows if not any(json.loads(r["target"])[k] for k in kinds)]
+        r for r in rows if not any(json.loads(r["target"]).get(k) for k in kinds)]
     n = cap or len(rows)
     n_full = min(len(full), round(n * nonempty_share))
     n_empty = min(len(empty), n - n_full)

@@ -349,6 +349,94 @@ def fact_f1(pred: list[list[str]], gold: list[list[str]], threshold: float = 0.5
 
 
 # --------------------------------------------------------------------------------------------------
+# every extraction kind
+
+
+def rouge_l(pred: list[str], gold: list[str]) -> float:
+    """Mean ROUGE-L F-measure (the `rouge-score` package, stemmed) of paired strings; 0.0 for no pairs."""
+    from rouge_score import rouge_scorer
+
+    _check_same_length(pred, gold)
+    if not pred:
+        return 0.0
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    return sum(scorer.score(g, p)["rougeL"].fmeasure for p, g in zip(pred, gold)) / len(pred)
+
+
+def _items(x: Any) -> list[dict]:
+    return [i for i in x if isinstance(i, dict)] if isinstance(x, list) else []
+
+
+def _strings(x: Any) -> list[str]:
+    return [str(i) for i in x if isinstance(i, (str, int, float))] if isinstance(x, list) else []
+
+
+def _event_key(e: Mapping[str, Any]) -> tuple:
+    q = e.get("quantity")
+    try:
+        q = round(float(q), 4) if q is not None else None
+    except (TypeError, ValueError):
+        q = normalize_value(q)
+    return normalize_value(e.get("subject")), normalize_value(e.get("action")), q
+
+
+def _artifact_key(a: Mapping[str, Any]) -> tuple:
+    return normalize_value(a.get("name")), tuple(normalize_value(i) for i in _strings(a.get("items")))
+
+
+def _micro(pairs: Iterable[tuple[list, list]]) -> dict:
+    tp = n_p = n_g = 0
+    for p, g in pairs:
+        a, b, c = multiset_counts(p, g)
+        tp, n_p, n_g = tp + a, n_p + b, n_g + c
+    precision, recall, f1 = _prf(tp, n_p, n_g)
+    return {"precision": precision, "recall": recall, "f1": f1}
+
+
+def extraction_metrics(kind: str, pred: list[Any], gold: list[Any], threshold: float = 0.5) -> dict:
+    """Held-out quality of one extraction kind over paired outputs (parsed JSON, or text for summary):
+
+    - summary: ``rouge_l`` (mean ROUGE-L F);
+    - entities: micro P/R/F1 of normalized strings (``entity_*``);
+    - facts: ``fact_f1`` over fact texts at ``threshold`` (``fact_*``);
+    - states: ``slot_f1`` (``slot_*``);
+    - events: exact micro F1 of (subject, action, quantity) (``event_exact_f1``) and token-F1-matched F1
+      of event texts (``event_text_f1``);
+    - artifacts: exact micro F1 of (name, ordered items) (``artifact_exact_f1``) and micro F1 of
+      normalized items (``artifact_item_f1``).
+    A prediction that is not a list (invalid JSON parsed to None) counts as predicting nothing.
+    """
+    _check_same_length(pred, gold)
+    if kind == "summary":
+        return {"rouge_l": rouge_l([str(p or "") for p in pred], [str(g or "") for g in gold])}
+    if kind == "entities":
+        m = _micro(([normalize_value(x) for x in _strings(p)], [normalize_value(x) for x in _strings(g)])
+                   for p, g in zip(pred, gold))
+        return {f"entity_{k}": v for k, v in m.items()}
+    if kind == "facts":
+        r = fact_f1([[str(x.get("text", "")) for x in _items(p)] for p in pred],
+                    [[str(x.get("text", "")) for x in _items(g)] for g in gold], threshold)
+        return {f"fact_{k}": v for k, v in r.items()}
+    if kind == "states":
+        r = slot_f1([[x for x in _items(p) if "key" in x] for p in pred], [_items(g) for g in gold])
+        return {f"slot_{k}": v for k, v in r.items()}
+    if kind == "events":
+        exact = _micro(([_event_key(x) for x in _items(p)], [_event_key(x) for x in _items(g)])
+                       for p, g in zip(pred, gold))
+        text = fact_f1([[str(x.get("text", "")) for x in _items(p)] for p in pred],
+                       [[str(x.get("text", "")) for x in _items(g)] for g in gold], threshold)
+        return {"event_exact_f1": exact["f1"], "event_text_f1": text["f1"]}
+    if kind == "artifacts":
+        exact = _micro(([_artifact_key(x) for x in _items(p)], [_artifact_key(x) for x in _items(g)])
+                       for p, g in zip(pred, gold))
+        items = _micro(([normalize_value(i) for x in _items(p) for i in _strings(x.get("items"))],
+                        [normalize_value(i) for x in _items(g) for i in _strings(x.get("items"))])
+                       for p, g in zip(pred, gold))
+        return {"artifact_exact_f1": exact["f1"], "artifact_item_f1": items["f1"]}
+    raise ValueError(f"unknown extraction kind {kind!r}")
+
+
+# --------------------------------------------------------------------------------------------------
 # tags
 
 

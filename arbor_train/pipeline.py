@@ -263,40 +263,38 @@ def _run(stage: Stage, log: Path, echo: bool, env: dict) -> int:
         return proc.wait()
 
 
-def run_pipeline(cfg: DictConfig | dict) -> dict:
-    c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
-    check_options(c)
-    out = Path(c["out"]).resolve()
-    stages = plan(c)
+def run_stages(stages: list[Stage], out: Path, only: list[str], force: list[str], echo: bool, env: dict,
+               label: str = "pipeline", rerun: str = "python -m arbor_train.pipeline") -> dict:
+    """Run planned stages in order under `out`, skipping each whose stage.json records the same
+    fingerprint and a clean finish (`only`: run just these, reuse the others; `force`: redo these, or
+    [all]). Returns {out, total_s, stages: per-stage timings}; a failed stage raises StageError."""
     names = [s.name for s in stages]
-    for key in ("only", "force"):
-        bad = [n for n in c[key] if n not in names and n != "all"]
+    for key, chosen in (("only", only), ("force", force)):
+        bad = [n for n in chosen if n not in names and n != "all"]
         if bad:
             raise StageConfigError(f"option {key}={bad}: unknown stage(s); stages are {', '.join(names)}")
     out.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE=os.environ.get("WANDB_MODE", c["wandb"]["mode"]),
-               ARBOR_OUTPUT_ROOT=os.environ.get("ARBOR_OUTPUT_ROOT", str(out.parent)))
     fps: dict[str, str] = {}
     timings: list[dict] = []
     t_all = time.perf_counter()
-    print(f"[pipeline] {len(stages)} stages -> {out}", flush=True)
+    print(f"[{label}] {len(stages)} stages -> {out}", flush=True)
     for i, st in enumerate(stages, 1):
         fp = fingerprint(st, fps)
         prev = _state(out, st.name)
         done = prev is not None and prev.get("fingerprint") == fp and prev.get("returncode") == 0
-        forced = st.name in c["force"] or "all" in c["force"]
-        skip = (done and not forced) or (c["only"] and st.name not in c["only"])
+        forced = st.name in force or "all" in force
+        skip = (done and not forced) or (only and st.name not in only)
         if skip:
             if not done:
-                raise StageConfigError(f"option only={c['only']}: stage {st.name} has no finished output matching "
+                raise StageConfigError(f"option only={only}: stage {st.name} has no finished output matching "
                                        f"this configuration; run it (drop it from only=...) first")
-            print(f"[pipeline {i}/{len(stages)}] {st.name}: up to date (fingerprint {fp}, "
+            print(f"[{label} {i}/{len(stages)}] {st.name}: up to date (fingerprint {fp}, "
                   f"{prev['wall_s']:.1f}s when it ran), skipped", flush=True)
             timings.append({"stage": st.name, "wall_s": 0.0, "skipped": True, "ran_s": prev["wall_s"],
                             "command": st.command(), "what": st.what})
             fps[st.name] = f"{fp}@{prev['finished']}"
             continue
-        print(f"[pipeline {i}/{len(stages)}] {st.name}: {st.what}\n  $ {st.command()}", flush=True)
+        print(f"[{label} {i}/{len(stages)}] {st.name}: {st.what}\n  $ {st.command()}", flush=True)
         stage_dir = out / st.name
         if prev is not None and (prev.get("fingerprint") != fp or forced) and (stage_dir / "run").exists():
             shutil.rmtree(stage_dir / "run")  # another configuration's checkpoints: start fresh, not resume
@@ -305,7 +303,7 @@ def run_pipeline(cfg: DictConfig | dict) -> dict:
         (stage_dir / "stage.json").write_text(json.dumps({"stage": st.name, "fingerprint": fp, "command": st.command(),
                                                           "returncode": None, "wall_s": None}, indent=2))
         t0 = time.perf_counter()
-        rc = _run(st, out / "logs" / f"{st.name}.log", c["echo"], env)
+        rc = _run(st, out / "logs" / f"{st.name}.log", echo, env)
         wall = time.perf_counter() - t0
         finished = time.strftime("%Y-%m-%dT%H:%M:%S") + f".{time.time_ns() % 10**9:09d}"
         record = {"stage": st.name, "fingerprint": fp, "command": st.command(), "argv": st.argv, "what": st.what,
@@ -317,17 +315,28 @@ def run_pipeline(cfg: DictConfig | dict) -> dict:
             # exit 2: the stage refused its options or input (a user error, passed on); else it crashed
             cls = StageUserError if rc == EXIT_USER_ERROR else StageError
             raise cls(f"stage {st.name} failed (exit {rc}); log {out / 'logs' / (st.name + '.log')}:\n"
-                      + "\n".join(tail) + "\nrerun: python -m arbor_train.pipeline (finished stages are kept)")
-        print(f"[pipeline {i}/{len(stages)}] {st.name}: done in {wall:.1f}s", flush=True)
+                      + "\n".join(tail) + f"\nrerun: {rerun} (finished stages are kept)")
+        print(f"[{label} {i}/{len(stages)}] {st.name}: done in {wall:.1f}s", flush=True)
         timings.append({"stage": st.name, "wall_s": round(wall, 1), "skipped": False, "command": st.command(),
                         "what": st.what})
     total = time.perf_counter() - t_all
     summary = {"out": str(out), "total_s": round(total, 1), "stages": timings}
     (out / "timings.json").write_text(json.dumps(summary, indent=2))
-    print("\n[pipeline] wall time per stage")
+    print(f"\n[{label}] wall time per stage")
     for t in timings:
         print(f"  {t['stage']:<22} " + ("skipped" if t["skipped"] else f"{t['wall_s']:8.1f}s"))
-    print(f"  {'total':<22} {total:8.1f}s\n[pipeline] report: {out / 'report' / 'report.md'}", flush=True)
+    print(f"  {'total':<22} {total:8.1f}s", flush=True)
+    return summary
+
+
+def run_pipeline(cfg: DictConfig | dict) -> dict:
+    c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    check_options(c)
+    out = Path(c["out"]).resolve()
+    env = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE=os.environ.get("WANDB_MODE", c["wandb"]["mode"]),
+               ARBOR_OUTPUT_ROOT=os.environ.get("ARBOR_OUTPUT_ROOT", str(out.parent)))
+    summary = run_stages(plan(c), out, c["only"], c["force"], c["echo"], env)
+    print(f"[pipeline] report: {out / 'report' / 'report.md'}", flush=True)
     return summary
 
 

@@ -4,6 +4,8 @@
     python -m eval.compare ablations [eval overrides...]   # full and each component removed alone
     python -m eval.compare budgets   [eval overrides...]   # 256 ... 32768 tokens for arbormem and the baselines
     python -m eval.compare policies  [eval overrides...]   # read policies vs BM25 and dense at 512-2048 tokens
+    python -m eval.compare grid --row "method=bm25" --row "method=dense runtime_profile=minilm" \
+        --budgets 512 1024 [eval overrides...]           # your own rows, each at each budget
 
 Overrides are those of `python -m eval.run` (Hydra syntax), e.g. `runtime_profile=tuned
 'runtime_overrides=["reranker.bundle.path=outputs/bundles/reranker"]' answer_model=smollm2`. Every run
@@ -31,17 +33,23 @@ SETS = {
 }
 
 
-def compare(kind: str, overrides: list[str], out: str | Path) -> dict:
+def grid(rows: list[str], budgets: list[int]) -> list[list[str]]:
+    """Your own set: each row (a space-separated string of eval.run overrides) at each budget."""
+    return [[*r.split(), f"budget={b}"] for r in rows for b in budgets]
+
+
+def compare(kind: str, overrides: list[str], out: str | Path, configs: list[list[str]] | None = None) -> dict:
+    """Run every configuration of set `kind` (or `configs`, for kind=grid) with the common overrides."""
     from arbor_train.runtime.config import compose
 
     from .report import report
     from .run import run
 
-    if kind not in SETS:
+    if configs is None and kind not in SETS:
         raise ValueError(f"compare set must be one of {sorted(SETS)}, got {kind!r}")
     out = Path(out)
-    for i, extra in enumerate(SETS[kind]):
-        name = "-".join(e.split("=", 1)[1] for e in extra)
+    for i, extra in enumerate(configs if configs is not None else SETS[kind]):
+        name = "-".join(e.split("=", 1)[1] for e in extra if not e.startswith("runtime_overrides="))[:80]
         cfg = compose("eval", [*overrides, *extra, f"run_dir={out / f'{i:02d}-{name}'}"])
         run(cfg)
     return report([out], out)
@@ -49,11 +57,17 @@ def compare(kind: str, overrides: list[str], out: str | Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kind", choices=sorted(SETS))
+    ap.add_argument("kind", choices=[*sorted(SETS), "grid"])
     ap.add_argument("overrides", nargs="*", help="eval.run overrides (Hydra syntax)")
     ap.add_argument("--out", default=None, help="output folder (default outputs/reports/<kind>)")
+    ap.add_argument("--row", action="append", default=[],
+                    help="grid: one row, a space-separated string of eval.run overrides (repeat the option)")
+    ap.add_argument("--budgets", type=int, nargs="+", default=[2048], help="grid: the read budgets of every row")
     a = ap.parse_args()
-    compare(a.kind, a.overrides, a.out or f"outputs/reports/{a.kind}")
+    if a.kind == "grid" and not a.row:
+        ap.error("grid needs at least one --row")
+    compare(a.kind, a.overrides, a.out or f"outputs/reports/{a.kind}",
+            grid(a.row, a.budgets) if a.kind == "grid" else None)
 
 
 if __name__ == "__main__":

@@ -68,9 +68,17 @@ def run(cfg: DictConfig) -> dict:
         if missing:
             raise ConfigError(f"option conversations: {missing} not in {c['input']} (has {sorted(known)})")
         convs = [x for x in convs if x.conversation_id in set(want)]
+    if isinstance(spec, dict) and spec.get("kind") == "bundle":  # never scored on its own training conversations
+        from .run import check_extractor_heldout
+
+        check_extractor_heldout({"extractors": {"facts": spec}}, [x.conversation_id for x in convs])
     heur = default_config(c["runtime_profile"])["heuristics"]
     with quiet():
         ex = ExtractorSet({"facts": spec}, heur, enabled=["facts"])
+        if c.get("extraction_cache"):
+            from arbor_train.runtime.extract import ExtractionCache
+
+            ex.attach_cache(ExtractionCache(c["extraction_cache"]))
     per_conv, preds, golds, valid, samples = {}, [], [], [], []
     report = ValidationReport()
     t0 = time.perf_counter()

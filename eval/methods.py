@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from arbor_train.runtime import ArborMemory, Localization, TokenCounter
+from arbor_train.runtime.extract import TurnInput
 from arbor_train.runtime.store import fts_query
 
 
@@ -60,6 +61,10 @@ class Method:
     def read(self, question: str, now: str | None, budget: int) -> ReadResult:
         raise NotImplementedError
 
+    def prefetch(self, turns: list[tuple[str, str, str | None]]) -> None:
+        """Told the (user, assistant, timestamp) turns that `observe` will receive next, in order: a method
+        may do per-turn work that reads nothing but the turn itself (extraction) ahead, in batches."""
+
     def forget(self, turns: list[int]) -> None:
         """Delete what these turns (indices as given to `observe`) put into the memory."""
         raise NotImplementedError
@@ -74,6 +79,29 @@ class _ArborBacked(Method):
     def __init__(self, runtime_cfg: dict, components: dict, session_id: str):
         self.mem = ArborMemory.open(":memory:", session_id, runtime_cfg, components=components)
         self.turn_of: dict[int, int] = {}
+        self._extracted: dict[tuple, list] = {}
+
+    PREFETCH_CHUNK = 64  # turns per extraction call (each kind's model batches within it)
+
+    def prefetch(self, turns: list[tuple[str, str, str | None]]) -> None:
+        """Run the model extractors over the coming turns in batches. Extraction reads the interaction
+        alone, so this is exactly what each commit would extract; heuristic-only memories skip it."""
+        ex = self.mem.extractors
+        if not ex.uses_models or not turns:
+            return
+        from tqdm import tqdm
+
+        inputs = [TurnInput(u, a, ts) for u, a, ts in turns]
+        for i in tqdm(range(0, len(inputs), self.PREFETCH_CHUNK), desc="extracting", unit="chunk", leave=False,
+                      disable=None):
+            chunk = inputs[i : i + self.PREFETCH_CHUNK]
+            for t, e in zip(chunk, ex.extract(chunk)):
+                self._extracted.setdefault((t.user_text, t.assistant_text, t.timestamp), []).append(e)
+
+    def _take(self, user: str, assistant: str, ts: str | None):
+        """The prefetched extraction of this turn, if any (None: commit extracts it)."""
+        got = self._extracted.get((user, assistant, ts))
+        return got.pop(0) if got else None
 
     def forget(self, turns: list[int]) -> None:
         want = set(turns)
@@ -111,7 +139,7 @@ class ArborMemoryMethod(_ArborBacked):
         loc = (self._pending if (is_question and self._pending is not None)
                else self.mem.localize(user, speaker=speaker, timestamp=ts))
         self._pending = None
-        node = self.mem.commit(user, assistant, loc, ts, speaker=speaker)
+        node = self.mem.commit(user, assistant, loc, ts, extraction=self._take(user, assistant, ts), speaker=speaker)
         self.turn_of[node.id] = turn
         return Observation(self.turn_of.get(loc.parent_id) if loc.parent_id is not None else None, loc.route)
 
@@ -257,7 +285,8 @@ class FactStoreMethod(_ArborBacked):
         self.counter = counter
 
     def observe(self, turn, user, assistant, ts, is_question, speaker=None) -> Observation:
-        node = self.mem.commit(user, assistant, Localization(None, "flat", 1.0), ts, speaker=speaker)  # no forest
+        node = self.mem.commit(user, assistant, Localization(None, "flat", 1.0), ts,  # no forest
+                               extraction=self._take(user, assistant, ts), speaker=speaker)
         self.turn_of[node.id] = turn
         return UNROUTED
 

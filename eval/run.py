@@ -120,6 +120,38 @@ def check_reader_heldout(c: dict, protocol, units: list) -> None:
                           f"sessions (another seed or preset)")
 
 
+def select_units(c: dict, protocol, units: list) -> list:
+    """The units named by `units` (conversation or session ids), in the benchmark's order; all when null."""
+    want = c.get("units")
+    if want is None:
+        return units
+    if not isinstance(want, list) or not want:
+        raise ConfigError(f"option units must be null or a non-empty list of unit ids, got {want!r}")
+    want = [str(u) for u in want]
+    have = {protocol.unit_id(u) for u in units}
+    missing = [u for u in want if u not in have]
+    if missing:
+        raise ConfigError(f"option units: {missing} not in benchmark={c['benchmark']} (it has {len(have)} units, "
+                          f"e.g. {sorted(have)[:5]})")
+    return [u for u in units if protocol.unit_id(u) in set(want)]
+
+
+def check_extractor_heldout(runtime_cfg: dict, unit_ids: list[str]) -> None:
+    """A tuned extractor is never scored on conversations it was trained on: each extractor bundle's
+    `training_sessions` (the mixed-in sessions, e.g. LoCoMo conversation ids) against the evaluated units."""
+    from arbor_train.runtime.bundle import load_bundle
+
+    paths = {spec["path"] for spec in (runtime_cfg.get("extractors") or {}).values()
+             if isinstance(spec, dict) and spec.get("kind") == "bundle" and spec.get("path")}
+    for path in sorted(paths):
+        trained = set(map(str, load_bundle(path, role="extractor").manifest.get("training_sessions") or []))
+        seen = [u for u in unit_ids if u in trained]
+        if seen:
+            raise ConfigError(f"runtime option extractors.*.path={path!r}: the extractor was trained on {len(seen)} of "
+                              f"the {len(unit_ids)} evaluated units ({', '.join(seen[:5])}); evaluate it on held-out "
+                              f"conversations (option units) or train it without them (data.mix[].exclude_sessions)")
+
+
 def answer_model_name(cfg: dict) -> str | None:
     """Which model answered, for tables: a reader bundle's folder, or the model reference (None: no answers)."""
     if cfg["kind"] == "none":
@@ -151,8 +183,9 @@ def run(cfg: DictConfig) -> dict:
     if c["budget"] <= fixed:
         raise ConfigError(f"option budget={c['budget']} is smaller than the fixed prompt ({fixed} tokens)")
     protocol = PROTOCOLS[c["benchmark"]]
-    units = protocol.load(c)[: c["max_sessions"] or None]
+    units = select_units(c, protocol, protocol.load(c))[: c["max_sessions"] or None]
     check_reader_heldout(c, protocol, units)
+    check_extractor_heldout(runtime_cfg, [protocol.unit_id(u) for u in units])
     llm = build_answer_model(c["answer_model"])
     from .answers import Answers
 
@@ -165,6 +198,10 @@ def run(cfg: DictConfig) -> dict:
     t0 = time.perf_counter()
     with quiet():
         comps = build_components(runtime_cfg)
+        if c.get("extraction_cache"):
+            from arbor_train.runtime.extract import ExtractionCache
+
+            comps["extractors"].attach_cache(ExtractionCache(c["extraction_cache"]))
         from tqdm import tqdm
 
         for unit in tqdm(units, desc=f"{c['benchmark']} {c['method']}", unit="conversation", disable=None):

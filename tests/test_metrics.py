@@ -332,3 +332,33 @@ def test_tag_metrics_empty_and_invalid():
         tag_metrics([[]], [[]], [])
     with pytest.raises(ValueError):
         tag_metrics([[]], [], ["plan"])
+
+
+def test_extraction_metrics_per_kind_on_hand_worked_cases():
+    from arbor_train.metrics import extraction_metrics
+
+    # summary: identical -> 1; "the cat sat" vs "the cat sat down": LCS 3, P 1, R 3/4 -> F 6/7
+    assert extraction_metrics("summary", ["a b c", "the cat sat"], ["a b c", "the cat sat down"])["rouge_l"] \
+        == pytest.approx((1 + 6 / 7) / 2)
+    # entities: 2 of 3 predicted right, 2 of 4 gold found -> P 2/3, R 1/2, F 4/7; case and spaces normalized
+    m = extraction_metrics("entities", [["Alice", " bob", "Lisbon"]], [["alice", "Bob", "Porto", "Maya"]])
+    assert (m["entity_precision"], m["entity_recall"], m["entity_f1"]) == pytest.approx((2 / 3, 1 / 2, 4 / 7))
+    # events: exact needs subject, action and quantity (4.0 == 4); the second event's quantity differs
+    ev_p = [[{"subject": "user", "action": "run", "quantity": 4, "text": "I ran 4 km"},
+             {"subject": "user", "action": "spend", "quantity": 30, "text": "I spent 30 euros"}]]
+    ev_g = [[{"subject": "user", "action": "run", "quantity": 4.0, "text": "I ran 4 km"},
+             {"subject": "user", "action": "spend", "quantity": 35, "text": "I spent 30 euros"}]]
+    m = extraction_metrics("events", ev_p, ev_g)
+    assert m["event_exact_f1"] == pytest.approx(0.5) and m["event_text_f1"] == pytest.approx(1.0)
+    # artifacts: order matters for exact; items are matched as a multiset
+    a_p = [[{"name": "itinerary", "items": ["Lyon", "Nice"]}]]
+    a_g = [[{"name": "itinerary", "items": ["Nice", "Lyon"]}]]
+    m = extraction_metrics("artifacts", a_p, a_g)
+    assert m["artifact_exact_f1"] == 0.0 and m["artifact_item_f1"] == 1.0
+    # invalid output (None) predicts nothing: recall 0 against one gold fact
+    m = extraction_metrics("facts", [None], [[{"text": "Alice lives in Lisbon"}]])
+    assert (m["fact_precision"], m["fact_recall"], m["fact_f1"]) == (0.0, 0.0, 0.0)
+    m = extraction_metrics("states", [[{"key": "budget", "value": "400"}]], [[{"key": "budget", "value": "400 "}]])
+    assert m["slot_value_f1"] == 1.0
+    with pytest.raises(ValueError, match="unknown extraction kind"):
+        extraction_metrics("opinions", [], [])

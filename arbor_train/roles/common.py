@@ -239,11 +239,12 @@ class Role:
         base = result.get("baselines") or {}
         rows = [("heuristic (no model)", base.get("heuristic")), (f"{model}, untuned", base.get("untuned")),
                 (f"{model} + LoRA", result.get("metrics"))]
-        lines = [f"| {self.name} | " + " | ".join(self.report_columns.values()) + " |",
-                 "|---|" + "---:|" * len(self.report_columns)]
+        # a column no row reports (e.g. slot F1 of an extractor trained on facts only) is left out
+        cols = {k: v for k, v in self.report_columns.items() if any(m and m.get(k) is not None for _, m in rows)}
+        lines = [f"| {self.name} | " + " | ".join(cols.values()) + " |", "|---|" + "---:|" * len(cols)]
         for label, m in rows:
             if m:
-                lines.append(f"| {label} | " + " | ".join(fmt(m.get(k)) for k in self.report_columns) + " |")
+                lines.append(f"| {label} | " + " | ".join(fmt(m.get(k)) for k in cols) + " |")
         return lines
 
     def finalize(self, c: dict, built: Built, run_dir: Path, state_dict: dict | None = None) -> dict[str, Any]:

@@ -24,21 +24,69 @@ from ..prompts import EXTRACT_TEMPLATE, extract_messages, extract_target
 from ..wrap import through_root
 from .common import Built, Role, RoleModule, load_rows, loaders
 
+def row_target(r: dict, kind: str):
+    """A row's supervision for one kind, or None where the row does not supervise it: `summary` comes from
+    the row's own field, the other kinds from its JSON target; a row may name the kinds it supervises
+    (`_kinds`, set for mixed-in sources such as LoCoMo, whose observations give facts only)."""
+    if r.get("_kinds") is not None and kind not in r["_kinds"]:
+        return None
+    if kind == "summary":
+        return r.get("summary") or None
+    return json.loads(r["target"]).get(kind)
+
+
 def sft_examples(rows, tokenizer, kinds: list[str], max_length: int) -> tuple[list[dict], list[dict], int]:
-    """(examples, prompts-with-targets for generation, dropped count) for every row and kind."""
+    """(examples, prompts-with-targets for generation, dropped count) for every row and supervised kind."""
     examples, gen, dropped = [], [], 0
     for r in rows:
-        target = json.loads(r["target"])
         for kind in kinds:
-            completion = extract_target(kind, target[kind])
+            target = row_target(r, kind)
+            if target is None:
+                continue
+            completion = extract_target(kind, target)
             messages = extract_messages(kind, r["input"], r["assistant"], r["timestamp"])
             ex = build_sft_example(tokenizer, messages, completion, max_length)
             if ex is None:
                 dropped += 1
                 continue
             examples.append(ex)
-            gen.append({"kind": kind, "messages": messages, "target": target[kind]})
+            gen.append({"kind": kind, "messages": messages, "target": target})
     return examples, gen, dropped
+
+
+MIX_FORM = ("{dir: PATH, sets: [extraction], kinds: [facts], sessions: null|[ids], exclude_sessions: [ids], "
+            "max_rows: N}")
+
+
+def mix_rows(c: dict) -> tuple[list[dict], list[str], str]:
+    """Training rows from `data.mix` (extraction supervision from other sources, e.g. LoCoMo observations
+    -> facts), each source limited to its `kinds` and to the sessions (conversations) it names or does not
+    exclude; returns (rows, sorted session ids used, fingerprint part). Validation stays on the main data."""
+    from ..runtime.extract import KINDS
+
+    t, out, used, fp = c["task"], [], set(), ""
+    for k, src in enumerate(c["data"].get("mix") or []):
+        if not isinstance(src, dict) or not src.get("dir") or not src.get("sets"):
+            raise ConfigError(f"option data.mix[{k}] must be {MIX_FORM}, got {src!r}")
+        kinds = list(src.get("kinds") or t["kinds"])
+        bad = [x for x in kinds if x not in KINDS]
+        if bad:
+            raise ConfigError(f"option data.mix[{k}].kinds: unknown extraction kind(s) {bad}; known: {list(KINDS)}")
+        keep = set(map(str, src["sessions"])) if src.get("sessions") is not None else None
+        drop = set(map(str, src.get("exclude_sessions") or []))
+        sets = D.load_sets(src["dir"], list(src["sets"]))
+        rows = [dict(r, _kinds=kinds) for n in src["sets"] for r in sets[n]
+                if (keep is None or str(r["session_id"]) in keep) and str(r["session_id"]) not in drop]
+        if not rows:
+            raise ConfigError(f"option data.mix[{k}]: no rows of {list(src['sets'])} in {src['dir']} are left "
+                              f"after sessions={src.get('sessions')!r}, exclude_sessions={sorted(drop)}")
+        rows = D.select_rows(rows, src.get("max_rows"), t.get("nonempty_share"), kinds)
+        used |= {str(r["session_id"]) for r in rows}
+        out += rows
+        fp += "+" + D.fingerprint(src["dir"], list(src["sets"])) + ":" + json.dumps(
+            {"kinds": kinds, "sessions": sorted(keep) if keep is not None else None, "exclude": sorted(drop),
+             "max_rows": src.get("max_rows")}, sort_keys=True)
+    return out, sorted(used), fp
 
 
 def build_sft_model(c: dict):
@@ -74,6 +122,39 @@ def sft_loaders(c: dict, model, tok, layout, tr: list[dict], va: list[dict]):
             return out
 
     return loaders(c, tr_items, va_items, collate)
+
+
+def interleave(a: list, b: list) -> list:
+    """The rows of both lists merged evenly in order (the loader shuffles by epoch; with shuffling off,
+    e.g. debug=overfit, a capped run still sees both sources)."""
+    if not b:
+        return list(a)
+    out, i, j = [], 0, 0
+    while i < len(a) or j < len(b):
+        if i < len(a) and (j >= len(b) or i * len(b) <= j * len(a)):
+            out.append(a[i])
+            i += 1
+        else:
+            out.append(b[j])
+            j += 1
+    return out
+
+
+def spread_kinds(gen: list[dict], n: int) -> list[dict]:
+    """n held-out generation prompts, taken round-robin over kinds so that every trained kind is scored
+    at validation (rows yield their kinds in order, so a plain prefix favours the first)."""
+    by: dict[str, tuple[list[dict], list[dict]]] = {}
+    for g in gen:
+        by.setdefault(g["kind"], ([], []))[0 if g["target"] else 1].append(g)
+    out: list[dict] = []
+    # within a kind, targets with content and empty ones alternate (content first): most turns state no
+    # event or artifact, and a sample of empty targets would score any model that outputs [] perfectly
+    queues = [interleave(full, empty) for full, empty in by.values()]
+    while len(out) < n and any(queues):
+        for q in queues:
+            if q and len(out) < n:
+                out.append(q.pop(0))
+    return out
 
 
 class ExtractorModule(RoleModule):
@@ -129,29 +210,28 @@ class ExtractorModule(RoleModule):
 
     @torch.no_grad()
     def generate_metrics(self) -> dict[str, Any]:
-        from ..metrics import fact_f1, json_validity, slot_f1
+        from ..metrics import extraction_metrics, json_validity
 
         if not self.gen_examples:
             return {}
         outs = self.held_out_outputs()
-        m: dict[str, Any] = {"json_validity": json_validity(outs), "generated": len(outs)}
+        m: dict[str, Any] = {"json_validity": json_validity([o for g, o in zip(self.gen_examples, outs)
+                                                             if g["kind"] != "summary"] or outs),
+                             "generated": len(outs)}
         by_kind: dict[str, tuple[list, list]] = {}
         for g, o in zip(self.gen_examples, outs):
-            try:
-                pred = json.loads(o)
-            except json.JSONDecodeError:
-                pred = []
-            pred = pred if isinstance(pred, list) else []
+            if g["kind"] == "summary":
+                pred: Any = o
+            else:
+                try:
+                    pred = json.loads(o)
+                except json.JSONDecodeError:
+                    pred = None
             by_kind.setdefault(g["kind"], ([], []))
-            by_kind[g["kind"]][0].append([p for p in pred if isinstance(p, dict)])
+            by_kind[g["kind"]][0].append(pred)
             by_kind[g["kind"]][1].append(g["target"])
-        if "states" in by_kind:
-            p, t = by_kind["states"]
-            m.update({f"slot_{k}": v for k, v in slot_f1([[x for x in s if "key" in x] for s in p], t).items()})
-        if "facts" in by_kind:
-            p, t = by_kind["facts"]
-            r = fact_f1([[str(x.get("text", "")) for x in s] for s in p], [[x["text"] for x in s] for s in t])
-            m.update({f"fact_{k}": v for k, v in r.items()})
+        for kind, (p, t) in by_kind.items():
+            m.update(extraction_metrics(kind, p, t))
         m["samples"] = [{"target": g["target"], "output": o} for g, o in list(zip(self.gen_examples, outs))[:3]]
         return m
 
@@ -159,7 +239,10 @@ class ExtractorModule(RoleModule):
 class Extractor(Role):
     name = "extractor"
     bundle_kinds = {"decoder": "causal_lm"}
-    report_columns = {"json_validity": "JSON validity", "slot_key_f1": "slot key F1", "slot_value_f1": "slot value F1", "loss": "held-out loss", "generated": "held-out generations"}
+    report_columns = {"json_validity": "JSON validity", "slot_key_f1": "slot key F1", "slot_value_f1": "slot value F1",
+                      "fact_f1": "fact F1", "entity_f1": "entity F1", "rouge_l": "summary ROUGE-L",
+                      "event_exact_f1": "event exact F1", "artifact_exact_f1": "artifact exact F1",
+                      "loss": "held-out loss", "generated": "held-out generations"}
 
     def check(self, c: dict) -> None:
         if c["model"]["family"] != "decoder":
@@ -172,15 +255,19 @@ class Extractor(Role):
         kinds = list(t["kinds"])
         tr_rows = D.select_rows(tr_rows["extraction"], dc.get("max_train_examples"), t.get("nonempty_share"), kinds)
         va_rows = D.select_rows(va_rows["extraction"], dc.get("max_val_examples"), t.get("nonempty_share"), kinds)
+        mixed, mixed_sessions, mix_fp = mix_rows(c)
+        tr_rows = interleave(tr_rows, mixed)
         tr, _, dropped = sft_examples(tr_rows, tok, kinds, t["max_length"])
         va, gen, _ = sft_examples(va_rows, tok, kinds, t["max_length"])
-        module = ExtractorModule(model, c, tok, gen[: t["gen_examples"]])
+        module = ExtractorModule(model, c, tok, spread_kinds(gen, t["gen_examples"]))
         train_loader, val_loader = sft_loaders(c, model, tok, layout, tr, va)
-        return Built(module, tok, train_loader, val_loader, D.fingerprint(dc["train_dir"], ["extraction"]),
-                     {"dropped": dropped})
+        return Built(module, tok, train_loader, val_loader, D.fingerprint(dc["train_dir"], ["extraction"]) + mix_fp,
+                     {"dropped": dropped, "mixed_rows": len(mixed), "mixed_sessions": mixed_sessions})
 
     def extras(self, c: dict, built: Built) -> dict[str, Any]:
-        return {"kinds": list(c["task"]["kinds"])}
+        # the mixed-in sessions (e.g. LoCoMo conversation ids) the bundle was trained on, so an evaluation
+        # can refuse to score it on them (eval.run's held-out check)
+        return {"kinds": list(c["task"]["kinds"]), "training_sessions": built.extras["mixed_sessions"]}
 
     def prompt_template(self, kind: str) -> dict:
         return EXTRACT_TEMPLATE.to_json()

@@ -10,10 +10,12 @@ always pass through validate.py before anything reaches the store; `ExtractorSet
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from ..prompts import extract_messages
@@ -192,18 +194,63 @@ def _subject(s: str | None) -> str:
     return re.sub(r"(?:'s|’s)$", "", s)
 
 
-class LLMExtractor:
-    """Prompted or tuned causal LM extractor; generation is batched per kind."""
+class ExtractionCache:
+    """Raw model outputs keyed by (model identity, generation length, exact prompt), in SQLite: an
+    evaluation that rebuilds the same memory (another read budget, an ablation, a rerun) reuses what a
+    model already generated. Only models with a `cache_id` (what their outputs depend on) are cached."""
 
-    def __init__(self, llm, max_new_tokens: int = 256, kinds: list[str] | None = None):
+    def __init__(self, path: str | Path):
+        import sqlite3
+
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(str(path))
+        self.db.execute("CREATE TABLE IF NOT EXISTS outputs (key TEXT PRIMARY KEY, output TEXT NOT NULL)")
+
+    @staticmethod
+    def key(cache_id: str, max_new_tokens: int, messages: list[dict]) -> str:
+        blob = json.dumps([cache_id, max_new_tokens, messages], ensure_ascii=False, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def get_many(self, keys: list[str]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for i in range(0, len(keys), 500):
+            part = keys[i : i + 500]
+            q = ",".join("?" * len(part))
+            out.update(self.db.execute(f"SELECT key, output FROM outputs WHERE key IN ({q})", part).fetchall())
+        return out
+
+    def put_many(self, items: list[tuple[str, str]]) -> None:
+        with self.db:
+            self.db.executemany("INSERT OR REPLACE INTO outputs VALUES (?, ?)", items)
+
+
+class LLMExtractor:
+    """Prompted or tuned causal LM extractor; generation is batched per kind (and cached, see
+    ExtractionCache, when a cache is attached and the model has a cache id)."""
+
+    def __init__(self, llm, max_new_tokens: int = 256, kinds: list[str] | None = None, summary_tokens: int = 64):
         self.llm = llm
         self.name = llm.name
         self.max_new_tokens = max_new_tokens
+        self.summary_tokens = summary_tokens
         self.kinds = set(kinds or KINDS)
+        self.cache: ExtractionCache | None = None
 
     def run(self, kind: str, turns: list[TurnInput]) -> list[Any]:
         msgs = [extract_messages(kind, t.user_text, t.assistant_text, t.timestamp) for t in turns]
-        return self.llm.chat(msgs, max_new_tokens=self.max_new_tokens if kind != "summary" else 64)
+        n = self.max_new_tokens if kind != "summary" else self.summary_tokens
+        cache_id = getattr(self.llm, "cache_id", None)
+        if self.cache is None or not cache_id:
+            return self.llm.chat(msgs, max_new_tokens=n)
+        keys = [ExtractionCache.key(cache_id, n, m) for m in msgs]
+        have = self.cache.get_many(sorted(set(keys)))
+        todo = sorted({k: m for k, m in zip(keys, msgs) if k not in have}.items())
+        if todo:
+            outs = self.llm.chat([m for _, m in todo], max_new_tokens=n)
+            new = [(k, o) for (k, _), o in zip(todo, outs)]
+            self.cache.put_many(new)
+            have.update(new)
+        return [have[k] for k in keys]
 
 
 def build_extractor(spec, cache: dict) -> Extractor:
@@ -231,8 +278,11 @@ def build_extractor(spec, cache: dict) -> Extractor:
             from .llm import resolve_dtype
 
             model = model.to(resolve_dtype(spec["dtype"], "cpu" if model.device.type == "cpu" else "cuda"))
-        ex = LLMExtractor(HFCausalLM.from_parts(model, tok, name=f"bundle:{spec['path']}"),
-                          spec.get("max_new_tokens", 256), kinds=b.manifest.get("kinds"))
+        llm = HFCausalLM.from_parts(model, tok, name=f"bundle:{spec['path']}", batch_size=spec.get("batch_size", 8))
+        # what its outputs depend on: the bundle's identity (training data fingerprint, export time) and dtype
+        llm.cache_id = (f"bundle:{b.manifest['data_fingerprint']}|{b.manifest.get('created_at')}|"
+                        f"{str(next(model.parameters()).dtype).replace('torch.', '')}")
+        ex = LLMExtractor(llm, spec.get("max_new_tokens", 256), kinds=b.manifest.get("kinds"))
     else:
         raise ValueError(f"runtime option extractors.<kind>.kind must be heuristic, prompted or bundle, got {kind!r}")
     cache[key] = ex
@@ -252,6 +302,16 @@ class ExtractorSet:
                 spec = heuristic
             self.by_kind[kind] = build_extractor(spec, self._cache)
         self.enabled = set(enabled if enabled is not None else KINDS)
+
+    def attach_cache(self, cache: ExtractionCache) -> None:
+        """Cache every model-backed extractor's outputs (eval: rebuilt memories reuse generations)."""
+        for ex in self.by_kind.values():
+            if isinstance(ex, LLMExtractor):
+                ex.cache = cache
+
+    @property
+    def uses_models(self) -> bool:
+        return any(isinstance(self.by_kind[k], LLMExtractor) for k in self.enabled)
 
     def extract(self, turns: list[TurnInput]) -> list[Extraction]:
         outs = [Extraction() for _ in turns]

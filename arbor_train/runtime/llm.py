@@ -125,15 +125,20 @@ class HFCausalLM:
                                  return_token_type_ids=False).to(self.device)
 
     def chat(self, conversations: list[list[dict]], max_new_tokens: int = 256) -> list[str]:
+        """Greedy completions, in the order given. Prompts are batched by length (little left padding);
+        greedy decoding makes each completion independent of its batch-mates up to float rounding."""
         import torch
 
-        out: list[str] = []
-        for enc in self._batches(conversations):
+        order = sorted(range(len(conversations)), key=lambda i: len(self.render(conversations[i])))
+        out: list[str] = [""] * len(conversations)
+        k = 0
+        for enc in self._batches([conversations[i] for i in order]):
             with torch.inference_mode():
                 gen = self.model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                           pad_token_id=self.tokenizer.pad_token_id)
             for row in gen[:, enc["input_ids"].shape[1] :]:
-                out.append(self.tokenizer.decode(row, skip_special_tokens=True).strip())
+                out[order[k]] = self.tokenizer.decode(row, skip_special_tokens=True).strip()
+                k += 1
         return out
 
     def yes_probability(self, conversations: list[list[dict]]) -> list[float]:

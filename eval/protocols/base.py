@@ -59,6 +59,7 @@ def ingest(conv, method) -> tuple[list, dict[str, int]]:
     from eval.benchmarks.schema import interactions
 
     inters = interactions(conv)
+    method.prefetch([(it.user, it.assistant, it.timestamp) for it in inters])  # the memory is built once
     for i, it in enumerate(inters):
         method.observe(i, it.user, it.assistant, it.timestamp, False)
     return inters, {tid: i for i, it in enumerate(inters) for tid in it.turn_ids}

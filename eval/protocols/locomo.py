@@ -33,7 +33,9 @@ def replay(conv, method, answers, judge, c: dict) -> tuple[list[dict], list[dict
     from eval.scoring import answer_token_recall, locomo_score
 
     categories = [int(x) for x in c["locomo"]["categories"]]
-    _, idx_of = ingest(conv, method)
+    t0 = time.perf_counter()
+    inters, idx_of = ingest(conv, method)
+    ingest_s = time.perf_counter() - t0
     last_date = conv.sessions[-1].date_time if conv.sessions else None
     recs = []
     for q in conv.questions:
@@ -44,7 +46,7 @@ def replay(conv, method, answers, judge, c: dict) -> tuple[list[dict], list[dict
         read_s = time.perf_counter() - t0
         ev = {idx_of[e] for e in q.evidence if e in idx_of}
         rec = {"session_id": conv.conversation_id, "question_id": q.question_id, "category": q.category,
-               "context_tokens": r.tokens, "read_s": read_s,
+               "context_tokens": r.tokens, "read_s": read_s, "ingest_s": ingest_s, "ingest_turns": len(inters),
                "evidence_recall": (len(ev & set(r.turn_ids)) / len(ev)) if ev else None,
                "answer_token_recall": answer_token_recall(r.text, q.answer if q.answer is not None else "")}
         if answers is not None:
@@ -69,6 +71,9 @@ def summarize(recs: list[dict], _: list[dict]) -> dict[str, Any]:
             if r.get(key) is not None:
                 by.setdefault(str(r["category"]), []).append(r[key])
         out[f"{key}_by_category"] = {k: mean4(v) for k, v in sorted(by.items())}
+    ingest = {r["session_id"]: (r["ingest_s"], r["ingest_turns"]) for r in recs if "ingest_s" in r}
+    if ingest:  # memory construction cost: seconds per ingested interaction, over every conversation
+        out["ingest_s_per_turn"] = round(sum(s for s, _ in ingest.values()) / max(1, sum(n for _, n in ingest.values())), 4)
     out["read_s_p50"] = percentile([r["read_s"] for r in recs], 0.5)
     out["read_s_p95"] = percentile([r["read_s"] for r in recs], 0.95)
     if recs and "score" in recs[0]:

@@ -1,0 +1,327 @@
+"""python -m eval.locomo_cv [overrides]: LoCoMo cross-validation of the learned memory, one command, one table.
+
+The conversations of `input` are split into `folds` folds (ids sorted, contiguous: 8 conversations give
+4 folds of 2). For each fold, as printed commands (stages, skipped when already done; see
+arbor_train.pipeline.run_stages):
+
+1. `train_f<k>` / `export_f<k>`: the extractor adapter for every kind (`extractor.experiment`), trained on
+   BranchMemEval gold plus the LoCoMo observations (facts) of the *other* folds' conversations
+   (`data.mix[0].exclude_sessions` = this fold). The bundle lists the LoCoMo conversations it saw, and
+   eval.run refuses to score it on them.
+2. `facts_<extractor>_f<k>`: the fact extractor against the held-out conversations' observations
+   (eval.extraction): heuristic, untuned prompted (first `facts_untuned_interactions` of each
+   conversation: a CPU budget), tuned.
+3. `eval_f<k>`: every row of `rows` at every budget of `budgets` on the held-out conversations
+   (eval.compare grid, eval.run units=[...]); `ablations_f<k>`: the tuned runtime without each component,
+   at `ablation_budget`.
+
+The reranker and tagger bundles (`reranker_bundle`, `tagger_bundle`) are trained on BranchMemEval only,
+so they hold no LoCoMo text and serve every fold. The merged table (`<out>/table.md`, `merged.json`,
+plots) gives, per row and budget, the mean over folds and each fold's value, for evidence recall and
+answer-token recall, per LoCoMo category, and the cost (ingest seconds per interaction, read p95).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from arbor_train.errors import ConfigError, MissingInputError, conf_options, entry_point, parse_bool, parse_choice, parse_int
+from arbor_train.paths import CONF_DIR
+
+# row name -> eval.run overrides ({tuned}: the tuned bundles' runtime overrides, filled per fold)
+ROWS = {
+    "heuristic": "method=arbormem runtime_profile=cross_session",
+    "untuned": "method=arbormem runtime_profile=cross_session_untuned",
+    "tuned": "method=arbormem runtime_profile=cross_session_tuned runtime_overrides={tuned}",
+    "bm25": "method=bm25 runtime_profile=default",
+    "dense": "method=dense runtime_profile=minilm",
+    "fact_store": "method=fact_store runtime_profile=cross_session_tuned runtime_overrides={tuned}",
+    "full_context": "method=full_context runtime_profile=default",
+}
+ABLATIONS = ("state_localization", "routing", "atomic_facts", "structured_extraction", "structured_evidence")
+MEASURES = ("evidence_recall", "answer_token_recall")
+FACT_EXTRACTORS = ("heuristic", "untuned", "tuned")
+
+
+def split_folds(ids: list[str], k: int) -> list[list[str]]:
+    """Sorted ids (numerically where they are numbers) in k contiguous folds whose sizes differ by at most 1."""
+    ids = sorted(ids, key=lambda x: (0, int(x), x) if x.isdigit() else (1, 0, x))
+    n, r = divmod(len(ids), k)
+    out, i = [], 0
+    for f in range(k):
+        size = n + (1 if f < r else 0)
+        out.append(ids[i : i + size])
+        i += size
+    return out
+
+
+def check_options(c: dict) -> None:
+    for key in ("only", "force"):
+        if not isinstance(c[key], list) or not all(isinstance(n, str) for n in c[key]):
+            raise ConfigError(f"option {key} must be a list of stage names, got {c[key]!r}")
+    c["echo"] = parse_bool(c["echo"], "echo")
+    c["folds"] = parse_int(c["folds"], "folds", minimum=2)
+    if not isinstance(c["budgets"], list) or not c["budgets"]:
+        raise ConfigError(f"option budgets must be a non-empty list of read budgets, got {c['budgets']!r}")
+    c["budgets"] = [parse_int(b, f"budgets[{i}]", minimum=1) for i, b in enumerate(c["budgets"])]
+    c["ablation_budget"] = parse_int(c["ablation_budget"], "ablation_budget", minimum=1)
+    c["facts_untuned_interactions"] = parse_int(c["facts_untuned_interactions"], "facts_untuned_interactions", minimum=1)
+    for key, known in (("rows", ROWS), ("ablations", ABLATIONS), ("fact_extractors", FACT_EXTRACTORS),
+                       ("tuned_kinds", ("summary", "entities", "facts", "states", "artifacts", "events"))):
+        if not isinstance(c[key], list):
+            raise ConfigError(f"option {key} must be a list, got {c[key]!r}")
+        for i, x in enumerate(c[key]):
+            parse_choice(x, f"{key}[{i}]", tuple(known))
+    parse_choice(c["extractor"]["experiment"], "extractor.experiment", conf_options("experiment"))
+    if not isinstance(c["extractor"].get("overrides", []), list):
+        raise ConfigError(f"option extractor.overrides must be a list of overrides, got {c['extractor']['overrides']!r}")
+    for key in ("input", "supervision"):
+        if not Path(str(c[key])).exists():
+            hint = " (run python -m data_gen.locomo input=<LoCoMo files> first)" if key == "supervision" else ""
+            raise MissingInputError(f"option {key}={c[key]!r}: no such file or folder{hint}")
+    needs_bundles = any(r in ("tuned", "fact_store") for r in c["rows"]) or c["ablations"]
+    for key in ("reranker_bundle", "tagger_bundle"):
+        if needs_bundles and not (Path(str(c[key])) / "manifest.json").exists():
+            raise MissingInputError(f"option {key}={c[key]!r}: no bundle there (python -m arbor_train.export; the "
+                                    f"main job writes outputs/pipeline/bundles/{key.split('_')[0]})")
+
+
+def _list(items: list[str]) -> str:
+    return "[" + ",".join(f'"{i}"' for i in items) + "]"
+
+
+def tuned_overrides(c: dict, bundle: Path) -> str:
+    """The runtime overrides that plug the fold's bundles in (no spaces: one eval.compare --row token)."""
+    kinds = set(c["tuned_kinds"])
+    ov = [f"reranker.bundle.path={Path(c['reranker_bundle']).resolve()}", f"tagger.bundle.path={Path(c['tagger_bundle']).resolve()}"]
+    for k in ("summary", "entities", "facts", "states", "artifacts", "events"):
+        ov.append(f"extractors.{k}.path={bundle}" if k in kinds else f"extractors.{k}=heuristic")
+    return "[" + ",".join(ov) + "]"
+
+
+def plan(c: dict, folds: list[list[str]], out: Path) -> list:
+    from arbor_train.pipeline import Stage
+
+    py = [c["python"] or sys.executable]
+    stages: list[Stage] = []
+    sup = str(Path(c["supervision"]).resolve())
+    for k, held in enumerate(folds):
+        fold = out / f"fold{k}"
+        bundle, run_dir = fold / "bundle", fold / "train" / "run"
+        mix = ("data.mix=[{dir: " + sup + ", sets: [extraction], kinds: [facts], exclude_sessions: "
+               + _list(held) + ", max_rows: " + str(c["mix_max_rows"]) + "}]")
+        stages.append(Stage(f"train_f{k}", [*py, "-m", "arbor_train.train", f"experiment={c['extractor']['experiment']}",
+                                            f"run_dir={run_dir}", mix,
+                                            *c["extractor"].get("overrides", [])],
+                            what=f"extractor adapter, every kind; LoCoMo facts from every conversation but {held}"))
+        stages.append(Stage(f"export_f{k}", [*py, "-m", "arbor_train.export", f"run_dir={run_dir}",
+                                             f"out={bundle}", "overwrite=true"], [f"train_f{k}"], what="extractor bundle"))
+        common = [f"input={c['input']}", f"conversations={_list(held)}"]
+        for ex in c["fact_extractors"]:
+            argv = [*py, "-m", "eval.extraction", *common, f"run_dir={out / f'facts_{ex}_f{k}'}"]
+            deps: list[str] = []
+            if ex == "untuned":
+                argv += ["extractor=prompted", f"max_interactions={c['facts_untuned_interactions']}"]
+            elif ex == "tuned":
+                argv += ["extractor=bundle", f"bundle.path={bundle}"]
+                deps = [f"export_f{k}"]
+            stages.append(Stage(f"facts_{ex}_f{k}", argv, deps, what=f"fact F1 against held-out observations ({ex})"))
+        tuned = tuned_overrides(c, bundle)
+        ev = ["benchmark=locomo", f"locomo.input={c['input']}", f"units={_list(held)}", "wandb.enabled=false"]
+        if c["rows"]:
+            rows = [x for r in c["rows"] for x in ("--row", ROWS[r].format(tuned=tuned))]
+            needs = any(r in ("tuned", "fact_store") for r in c["rows"])
+            stages.append(Stage(f"eval_f{k}", [*py, "-m", "eval.compare", "grid", *rows, "--budgets",
+                                               *map(str, c["budgets"]), "--out", str(out / f"eval_f{k}" / "runs"), *ev],
+                                [f"export_f{k}"] if needs else [], what=f"rows x budgets on conversations {held}"))
+        if c["ablations"]:
+            rows = [x for a in c["ablations"] for x in ("--row", ROWS["tuned"].format(tuned=tuned) + f" ablation={a}")]
+            stages.append(Stage(f"ablations_f{k}", [*py, "-m", "eval.compare", "grid", *rows, "--budgets",
+                                                    str(c["ablation_budget"]), "--out", str(out / f"ablations_f{k}" / "runs"),
+                                                    *ev], [f"export_f{k}"], what="the tuned runtime without each component"))
+    return stages
+
+
+def row_name(r: dict) -> str:
+    """The CV row a results.json belongs to, from its method, profile and ablation."""
+    for name, spec in ROWS.items():
+        parts = dict(p.split("=", 1) for p in spec.split() if not p.startswith("runtime_overrides"))
+        if r["method"] == parts["method"] and r.get("runtime_profile") == parts["runtime_profile"]:
+            return name if r.get("ablation", "full") == "full" else f"tuned without {r['ablation']}"
+    return f"{r['method']} ({r.get('runtime_profile')})"
+
+
+def merge(out: Path, folds: list[list[str]], c: dict) -> dict:
+    """Per row and budget: the mean over folds of each measure (each fold's value kept), per category,
+    cost; fact extraction per fold and mean. Written as merged.json, table.md and plots."""
+    from eval.report import collect
+
+    cells: dict[tuple[str, int], dict[int, dict]] = {}
+    for k in range(len(folds)):
+        for sub in (f"eval_f{k}", f"ablations_f{k}"):
+            d = out / sub / "runs"
+            if d.exists():
+                for r in collect([d]):
+                    cells.setdefault((row_name(r), int(r["budget"])), {})[k] = r
+    facts: dict[str, dict[int, dict]] = {}
+    for ex in c["fact_extractors"]:
+        for k in range(len(folds)):
+            f = out / f"facts_{ex}_f{k}" / "results.json"
+            if f.exists():
+                facts.setdefault(ex, {})[k] = json.loads(f.read_text())["results"]
+
+    def mean(xs: list[float | None]) -> float | None:
+        xs = [x for x in xs if x is not None]
+        return round(sum(xs) / len(xs), 4) if xs else None
+
+    merged = {"folds": folds, "rows": [], "facts": {}}
+    for (name, budget), by_fold in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        row = {"row": name, "budget": budget, "folds_done": sorted(by_fold)}
+        for m in (*MEASURES, "ingest_s_per_turn", "read_s_p95"):
+            row[m] = mean([by_fold[k].get(m) for k in sorted(by_fold)])
+            row[f"{m}_per_fold"] = {k: by_fold[k].get(m) for k in sorted(by_fold)}
+        for m in MEASURES:
+            cats = sorted({cat for r in by_fold.values() for cat in (r.get(f"{m}_by_category") or {})})
+            row[f"{m}_by_category"] = {cat: mean([(r.get(f"{m}_by_category") or {}).get(cat) for r in by_fold.values()])
+                                       for cat in cats}
+        merged["rows"].append(row)
+    for ex, by_fold in facts.items():
+        merged["facts"][ex] = {
+            "per_fold": {k: {x: r[x] for x in ("precision", "recall", "f1", "json_validity", "interactions",
+                                               "seconds_per_interaction")} for k, r in sorted(by_fold.items())},
+            **{x: mean([r[x] for r in by_fold.values()]) for x in ("precision", "recall", "f1", "json_validity",
+                                                                  "seconds_per_interaction")}}
+    (out / "merged.json").write_text(json.dumps(merged, indent=2, sort_keys=True))
+    text = tables(merged, c)
+    (out / "table.md").write_text(text)
+    plot(merged, out)
+    return merged
+
+
+def _f(v) -> str:
+    return "—" if v is None else f"{v:.3f}"
+
+
+def tables(merged: dict, c: dict) -> str:
+    folds = merged["folds"]
+    lines = [f"LoCoMo cross-validation: {len(folds)} folds ({'; '.join(','.join(f) for f in folds)}); each cell is the "
+             "mean over folds of evidence recall / answer-token recall (per-fold values below).", ""]
+    budgets = sorted({r["budget"] for r in merged["rows"]})
+    names = list(dict.fromkeys(r["row"] for r in merged["rows"]))
+    at = {(r["row"], r["budget"]): r for r in merged["rows"]}
+    lines += ["| row | " + " | ".join(f"{b:,}" for b in budgets) + " | ingest s/interaction | read p95 s |",
+              "|---|" + "---:|" * (len(budgets) + 2)]
+    for n in names:
+        cells = [f"{_f(at[(n, b)]['evidence_recall'])} / {_f(at[(n, b)]['answer_token_recall'])}" if (n, b) in at else "—"
+                 for b in budgets]
+        last = next((at[(n, b)] for b in reversed(budgets) if (n, b) in at), {})
+        lines.append(f"| {n} | " + " | ".join(cells) + f" | {_f(last.get('ingest_s_per_turn'))} | {_f(last.get('read_s_p95'))} |")
+    for m in MEASURES:
+        lines += ["", f"Per fold, {m.replace('_', ' ')}:", "",
+                  "| row | budget | mean | " + " | ".join(f"fold {k} ({','.join(f)})" for k, f in enumerate(folds)) + " |",
+                  "|---|---:|---:|" + "---:|" * len(folds)]
+        for r in merged["rows"]:
+            pf = r[f"{m}_per_fold"]
+            lines.append(f"| {r['row']} | {r['budget']} | {_f(r[m])} | "
+                         + " | ".join(_f(pf.get(k, pf.get(str(k)))) for k in range(len(folds))) + " |")
+    cats = sorted({cat for r in merged["rows"] for cat in r["evidence_recall_by_category"]})
+    if cats:
+        lines += ["", "Per LoCoMo category (1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop), mean over folds, "
+                  "evidence / answer tokens:", "",
+                  "| row | budget | " + " | ".join(cats) + " |", "|---|---:|" + "---:|" * len(cats)]
+        for r in merged["rows"]:
+            lines.append(f"| {r['row']} | {r['budget']} | " + " | ".join(
+                f"{_f(r['evidence_recall_by_category'].get(cat))} / {_f(r['answer_token_recall_by_category'].get(cat))}"
+                for cat in cats) + " |")
+    if merged["facts"]:
+        lines += ["", "Fact extraction against the held-out conversations' observations (token F1 >= 0.5, one-to-one):", "",
+                  "| extractor | P | R | F1 | JSON valid | s/interaction | " + " | ".join(f"F1 fold {k}" for k in range(len(folds))) + " |",
+                  "|---|---:|---:|---:|---:|---:|" + "---:|" * len(folds)]
+        for ex, r in merged["facts"].items():
+            pf = r["per_fold"]
+            lines.append(f"| {ex} | {_f(r['precision'])} | {_f(r['recall'])} | {_f(r['f1'])} | {_f(r['json_validity'])} | "
+                         f"{_f(r['seconds_per_interaction'])} | "
+                         + " | ".join(_f((pf.get(k) or pf.get(str(k)) or {}).get("f1")) for k in range(len(folds))) + " |")
+        if "untuned" in merged["facts"]:
+            lines.append(f"\n(untuned: the first {c['facts_untuned_interactions']} interactions of each held-out "
+                         "conversation)")
+    return "\n".join(lines) + "\n"
+
+
+def plot(merged: dict, out: Path) -> list[Path]:
+    """Budget curves, mean over folds: one panel per measure, one line per row (ablations left out)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in merged["rows"] if not r["row"].startswith("tuned without")]
+    names = list(dict.fromkeys(r["row"] for r in rows))
+    budgets = sorted({r["budget"] for r in rows})
+    if len(budgets) < 2:
+        return []
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, m in zip(axes, MEASURES):
+        for n in names:
+            pts = sorted((r["budget"], r[m]) for r in rows if r["row"] == n and r[m] is not None)
+            if pts:
+                ax.plot([b for b, _ in pts], [v for _, v in pts], marker="o", label=n,
+                        linewidth=2.5 if n == "tuned" else 1.5)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(budgets, [f"{b:,}" for b in budgets])
+        ax.set_xlabel("read budget (tokens)")
+        ax.set_title(m.replace("_", " ") + f", mean of {len(merged['folds'])} folds")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("recall")
+    axes[1].legend(fontsize=8, loc="lower right")
+    fig.suptitle("LoCoMo cross-validation: held-out conversations")
+    fig.tight_layout()
+    p = out / "locomo_cv_budget_curve.png"
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    return [p]
+
+
+def run(cfg: DictConfig | dict) -> dict:
+    from arbor_train.pipeline import run_stages
+    from eval.benchmarks.locomo import load_locomo
+
+    c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    check_options(c)
+    ids = [x.conversation_id for x in load_locomo(c["input"])]
+    if len(ids) < c["folds"]:
+        raise ConfigError(f"option folds={c['folds']}: {c['input']} holds only {len(ids)} conversations")
+    folds = split_folds(ids, c["folds"])
+    out = Path(c["out"]).resolve()
+    env = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE=os.environ.get("WANDB_MODE", "offline"))
+    summary = run_stages(plan(c, folds, out), out, c["only"], c["force"], c["echo"], env, label="locomo_cv",
+                         rerun="python -m eval.locomo_cv")
+    merged = merge(out, folds, c)
+    print("\n" + (out / "table.md").read_text())
+    print(f"[locomo_cv] table: {out / 'table.md'}; plot: {out / 'locomo_cv_budget_curve.png'}", flush=True)
+    return {"summary": summary, "merged": merged}
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="locomo_cv", version_base="1.3")
+@entry_point
+def main(cfg: DictConfig) -> None:
+    from arbor_train.pipeline import StageError
+    from arbor_train.errors import UserError
+
+    try:
+        run(cfg)
+    except StageError as e:
+        if isinstance(e, UserError):
+            raise
+        print(f"[locomo_cv] {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""LoCoMo cross-validation (eval/locomo_cv.py) and what it is built on: extraction supervision mixed in
+per kind and per conversation, the held-out refusal, extraction ahead of the commits, the extraction
+cache, the per-kind metrics and the shared read policy."""
+
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from arbor_train.paths import CONF_DIR
+
+IDS = ["26", "30", "41", "42", "43", "44", "47", "48"]
+
+
+def cv_cfg(tmp_path, *o):
+    (tmp_path / "sup").mkdir(exist_ok=True)
+    for b in ("rr", "tg"):
+        (tmp_path / b).mkdir(exist_ok=True)
+        (tmp_path / b / "manifest.json").write_text("{}")
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="locomo_cv", overrides=[
+            f"input={tmp_path / 'sup'}", f"supervision={tmp_path / 'sup'}", f"reranker_bundle={tmp_path / 'rr'}",
+            f"tagger_bundle={tmp_path / 'tg'}", f"out={tmp_path / 'cv'}", *o])
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def test_folds_are_contiguous_sorted_and_hold_every_conversation_once():
+    from eval.locomo_cv import split_folds
+
+    assert split_folds(list(reversed(IDS)), 4) == [["26", "30"], ["41", "42"], ["43", "44"], ["47", "48"]]
+    folds = split_folds(["100", "9", "30", "x", "41", "42", "43"], 3)
+    assert folds == [["9", "30", "41"], ["42", "43"], ["100", "x"]]  # numeric order, sizes differ by at most one
+
+
+def test_each_fold_trains_without_its_conversations_and_is_scored_only_on_them(tmp_path):
+    from eval.locomo_cv import check_options, plan, split_folds
+
+    c = cv_cfg(tmp_path, "tuned_kinds=[facts]")
+    check_options(c)
+    folds = split_folds(IDS, 4)
+    stages = {s.name: s for s in plan(c, folds, tmp_path / "cv")}
+    held_out_by_eval = []
+    for k, held in enumerate(folds):
+        train = stages[f"train_f{k}"].command()
+        assert f"exclude_sessions: {json.dumps(held, separators=(',', ':'))}" in train
+        ev = stages[f"eval_f{k}"].argv
+        units = next(a for a in ev if a.startswith("units="))
+        held_out_by_eval += json.loads(units.split("=", 1)[1])
+        assert f"export_f{k}" in stages[f"eval_f{k}"].deps
+        bundle = str(tmp_path / "cv" / f"fold{k}" / "bundle")
+        tuned = next(a for a in ev if "cross_session_tuned" in a)
+        # the fold's own bundle extracts facts; every other kind stays heuristic (tuned_kinds)
+        assert f"extractors.facts.path={bundle}" in tuned and "extractors.summary=heuristic" in tuned
+        assert all(f"fold{j}" not in tuned for j in range(4) if j != k)
+        assert f"bundle.path={bundle}" in stages[f"facts_tuned_f{k}"].command()
+    assert sorted(held_out_by_eval) == IDS  # every conversation is held out exactly once
+
+
+def test_bad_options_name_the_option(tmp_path):
+    from arbor_train.errors import UserError
+    from eval.locomo_cv import check_options
+
+    for o, match in ((["rows=[bm25,magic]"], r"option rows\[1\] must be one of"),
+                     (["folds=1"], r"option folds"),
+                     (["budgets=[]"], r"option budgets must be a non-empty list"),
+                     (["supervision=/nonexistent/locomo"], r"option supervision=.*data_gen.locomo")):
+        with pytest.raises(UserError, match=match):
+            check_options(cv_cfg(tmp_path, *o))
+    with pytest.raises(UserError, match=r"option reranker_bundle=.*no bundle there"):
+        check_options(cv_cfg(tmp_path, "rows=[tuned]", f"reranker_bundle={tmp_path / 'none'}"))
+    check_options(cv_cfg(tmp_path, "rows=[bm25]", "ablations=[]", f"reranker_bundle={tmp_path / 'none'}"))
+
+
+def _result(path: Path, method, profile, budget, er, atr, cats, ablation="full"):
+    path.mkdir(parents=True)
+    res = {"method": method, "runtime_profile": profile, "budget": budget, "ablation": ablation,
+           "evidence_recall": er, "answer_token_recall": atr, "evidence_recall_by_category": cats,
+           "answer_token_recall_by_category": cats, "ingest_s_per_turn": 0.5, "read_s_p95": 0.01}
+    (path / "results.json").write_text(json.dumps({"results": res}))
+
+
+def test_merge_averages_the_folds_and_keeps_each(tmp_path):
+    from eval.locomo_cv import merge
+
+    out = tmp_path / "cv"
+    c = {"fact_extractors": ["tuned"], "facts_untuned_interactions": 40}
+    _result(out / "eval_f0" / "runs" / "00", "bm25", "default", 1024, 0.5, 0.6, {"1": 0.4, "2": 0.6})
+    _result(out / "eval_f1" / "runs" / "00", "bm25", "default", 1024, 0.7, 0.8, {"1": 0.6, "2": 0.8})
+    _result(out / "eval_f0" / "runs" / "01", "arbormem", "cross_session_tuned", 1024, 0.6, 0.7, {"1": 0.5})
+    _result(out / "ablations_f0" / "runs" / "00", "arbormem", "cross_session_tuned", 1024, 0.1, 0.2, {},
+            ablation="routing")
+    for k, f1 in ((0, 0.2), (1, 0.4)):
+        (out / f"facts_tuned_f{k}").mkdir(parents=True)
+        (out / f"facts_tuned_f{k}" / "results.json").write_text(json.dumps({"results": {
+            "precision": f1, "recall": f1, "f1": f1, "json_validity": 1.0, "interactions": 10,
+            "seconds_per_interaction": 0.3}}))
+    m = merge(out, [["26"], ["30"]], c)
+    rows = {(r["row"], r["budget"]): r for r in m["rows"]}
+    bm = rows[("bm25", 1024)]
+    assert bm["evidence_recall"] == pytest.approx(0.6) and bm["answer_token_recall"] == pytest.approx(0.7)
+    assert bm["evidence_recall_per_fold"] == {0: 0.5, 1: 0.7}
+    assert bm["evidence_recall_by_category"] == {"1": pytest.approx(0.5), "2": pytest.approx(0.7)}
+    assert rows[("tuned", 1024)]["folds_done"] == [0]  # a fold not run is not averaged as zero
+    assert ("tuned without routing", 1024) in rows
+    assert m["facts"]["tuned"]["f1"] == pytest.approx(0.3)
+    text = (out / "table.md").read_text()
+    assert "| bm25 | 0.600 / 0.700 |" in text and "| tuned | 1024 | 0.600 | 0.600 | — |" in text
+    assert (out / "locomo_cv_budget_curve.png").exists() is False  # one budget: no curve to draw
+
+
+def test_cross_session_profiles_share_one_read_policy():
+    from arbor_train.runtime import default_config
+
+    base = default_config("cross_session")
+    assert base["context"]["layers"][2] == {"layer": "supplemental"}
+    for p in ("cross_session_tuned", "cross_session_untuned"):
+        assert default_config(p)["context"] == base["context"]
+    tuned = default_config("cross_session_tuned")
+    assert tuned["reranker"]["kind"] == "bundle" and tuned["embedder"]["kind"] == "sentence"
+    assert {v["kind"] for v in tuned["extractors"].values()} == {"bundle"}
+    assert default_config("default")["context"]["layers"] != base["context"]["layers"]
+
+
+def test_mixed_extraction_rows_supervise_only_their_kinds_and_sessions(tmp_path, smoke_data):
+    """data.mix rows give examples for their `kinds` only, from the sessions not excluded; the bundle's
+    extras name those sessions (what eval.run's held-out check reads)."""
+    from test_train import tcfg
+
+    from arbor_train import roles
+    from arbor_train.roles.extractor import mix_rows
+
+    rows = [json.loads(x) for x in open(Path(smoke_data) / "jsonl" / "extraction.jsonl")]
+    sessions = sorted({r["session_id"] for r in rows})
+    drop = sessions[0]
+    mix = f"data.mix=[{{dir: {smoke_data}, sets: [extraction], kinds: [facts], exclude_sessions: [{drop}], max_rows: 40}}]"
+    c = tcfg(tmp_path / "a", smoke_data, "model=tiny_decoder", "task=extractor_all", mix)
+    got, used, fp = mix_rows(c)
+    assert len(got) == 40 and drop not in used and all(r["_kinds"] == ["facts"] for r in got)
+    assert {r["session_id"] for r in got} == set(used)
+    base = roles.get("extractor").build(tcfg(tmp_path / "b", smoke_data, "model=tiny_decoder", "task=extractor_all"))
+    mixed = roles.get("extractor").build(c)
+    assert mixed.extras["mixed_rows"] == 40 and mixed.extras["mixed_sessions"] == used
+    assert mixed.data_fingerprint.startswith(base.data_fingerprint) and mixed.data_fingerprint != base.data_fingerprint
+    # every kind is generated at validation (round-robin), not only the first ones
+    assert {g["kind"] for g in mixed.module.gen_examples} == {"summary", "entities", "facts", "states", "artifacts", "events"}
+    from arbor_train.roles.extractor import row_target
+
+    assert row_target(got[0], "states") is None and row_target(got[0], "facts") is not None
+    with pytest.raises(Exception, match=r"data.mix\[0\].kinds: unknown extraction kind"):
+        mix_rows(tcfg(tmp_path / "c", smoke_data, "model=tiny_decoder", "task=extractor_all",
+                      f"data.mix=[{{dir: {smoke_data}, sets: [extraction], kinds: [opinions]}}]"))
+
+
+def test_an_extractor_is_refused_on_the_conversations_it_was_trained_on(monkeypatch):
+    import arbor_train.runtime.bundle as B
+    from arbor_train.errors import UserError
+    from eval.run import check_extractor_heldout
+
+    class Fake:
+        manifest = {"training_sessions": ["41", "42"]}
+
+    monkeypatch.setattr(B, "load_bundle", lambda path, role=None: Fake())
+    cfg = {"extractors": {"facts": {"kind": "bundle", "path": "/b"}, "states": "heuristic"}}
+    check_extractor_heldout(cfg, ["26", "30"])
+    with pytest.raises(UserError, match=r"trained on 1 of the 2 evaluated units \(42\)"):
+        check_extractor_heldout(cfg, ["26", "42"])
+
+
+class EchoLLM:
+    """A model whose facts restate the turn's first word; counts its calls."""
+
+    name = "echo"
+    cache_id = "echo-v1"
+    batch_size = 4
+
+    def __init__(self):
+        self.prompts = 0
+
+    def chat(self, conversations, max_new_tokens=256):
+        self.prompts += len(conversations)
+        out = []
+        for m in conversations:
+            turn = m[-1]["content"].split("User: ", 1)[1].split()[0]
+            out.append(json.dumps([{"text": f"Alice said {turn}", "entities": ["Alice"], "tags": []}]))
+        return out
+
+
+def test_extraction_ahead_and_the_cache_give_the_same_memory(tmp_path, runtime_cfg):
+    from arbor_train.runtime.extract import ExtractionCache, LLMExtractor
+    from arbor_train.runtime.memory import build_components
+    from eval.methods import ArborMemoryMethod
+
+    turns = [(f"word{i} Alice is planning step {i}.", f"ok {i}", f"2025-01-0{1 + i % 9}") for i in range(9)]
+
+    def build(prefetch: bool, cache=None):
+        comps = build_components(runtime_cfg)
+        llm = EchoLLM()
+        comps["extractors"].by_kind["facts"] = LLMExtractor(llm)
+        if cache is not None:
+            comps["extractors"].attach_cache(cache)
+        m = ArborMemoryMethod(runtime_cfg, comps, "s")
+        if prefetch:
+            m.prefetch(turns)
+        for i, (u, a, ts) in enumerate(turns):
+            m.observe(i, u, a, ts, False)
+        facts = sorted((f.text, tuple(f.sources)) for f, _ in m.mem.store.search_facts(m.mem.conv, "Alice said", 50))
+        m.close()
+        return facts, llm.prompts
+
+    one_by_one, n1 = build(False)
+    ahead, n2 = build(True)
+    assert one_by_one == ahead and len(ahead) == 9 and n1 == n2 == 9
+    cache = ExtractionCache(tmp_path / "x.sqlite")
+    first, n3 = build(True, cache)
+    again, n4 = build(True, cache)
+    assert first == again == ahead and (n3, n4) == (9, 0)  # the rebuilt memory asked the model nothing
+
+
+def test_chat_returns_completions_in_the_order_given():
+    from arbor_train.models import build_decoder
+    from arbor_train.runtime.llm import HFCausalLM
+
+    model, tok = build_decoder(dict(OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "tiny_decoder.yaml"))))
+    llm = HFCausalLM.from_parts(model, tok, batch_size=1)
+    msgs = [[{"role": "user", "content": "x " * n + "end"}] for n in (9, 1, 5)]
+    assert llm.chat(msgs, max_new_tokens=4) == [llm.chat([m], max_new_tokens=4)[0] for m in msgs]
