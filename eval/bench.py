@@ -3,6 +3,7 @@
     python -m eval.bench target=runtime                       # ingest s/turn, query p50/p95, forget ms at 1k and 10k nodes
     python -m eval.bench target=runtime bench.sizes=[1000]    # quicker
     python -m eval.bench target=train                         # extractor SFT step: ours vs HF Trainer + PEFT
+    python -m eval.bench target=extract bench_extract.bundle=<extractor bundle>   # extraction s/interaction per kind
 """
 
 from __future__ import annotations
@@ -281,7 +282,55 @@ def bench_train(cfg: DictConfig) -> dict:
     return res
 
 
-TARGETS = {"runtime": bench_runtime, "train": bench_train}
+def bench_extract(cfg: DictConfig) -> dict:
+    """Extraction cost per kind on LoCoMo interactions: a tuned extractor bundle (every kind it was trained
+    on, one kind-conditioned generation each) against the heuristic, batched as an evaluation builds a
+    memory (`batch_size` interactions at once) and one interaction at a time (the latency of an online
+    turn). Seconds per interaction; the cache is off, so every number is a generation."""
+    import torch
+
+    from arbor_train.runtime import default_config
+    from arbor_train.runtime.extract import KINDS, ExtractorSet, TurnInput
+    from data_gen.io import quiet
+    from eval.benchmarks.locomo import load_locomo
+    from eval.benchmarks.schema import interactions
+
+    b = cfg.bench_extract
+    torch.set_num_threads(int(b.threads))
+    convs = load_locomo(b.input)
+    turns = [TurnInput(it.user, it.assistant, it.timestamp) for it in interactions(convs[0])][: int(b.interactions)]
+    spec = {"kind": "bundle", "path": str(b.bundle), "max_new_tokens": int(b.max_new_tokens), "dtype": b.dtype,
+            "batch_size": int(b.batch_size)}
+    from arbor_train.runtime.bundle import load_bundle
+
+    kinds = [k for k in KINDS if k in (load_bundle(str(b.bundle), role="extractor").manifest.get("kinds") or KINDS)]
+    heur = default_config("default")["heuristics"]
+    rows = {}
+    with quiet():
+        tuned = ExtractorSet({k: spec for k in kinds}, heur)
+        plain = ExtractorSet({}, heur)
+    for label, ex in (("heuristic", plain), ("tuned", tuned)):
+        for kind in kinds:
+            t0 = time.perf_counter()
+            ex.by_kind[kind].run(kind, turns)  # batched (the model's batch_size)
+            batched = (time.perf_counter() - t0) / len(turns)
+            t0 = time.perf_counter()
+            for t in turns[: int(b.single)]:
+                ex.by_kind[kind].run(kind, [t])
+            single = (time.perf_counter() - t0) / int(b.single)
+            rows.setdefault(label, {})[kind] = {"batched_s": round(batched, 4), "single_s": round(single, 4)}
+        rows[label]["all_kinds"] = {m: round(sum(v[m] for k, v in rows[label].items() if k in kinds), 4)
+                                    for m in ("batched_s", "single_s")}
+    print("| extractor | " + " | ".join(kinds) + " | every kind |\n|---|" + "---:|" * (len(kinds) + 1))
+    for label, r in rows.items():
+        print(f"| {label}, s per interaction (batched / one at a time) | "
+              + " | ".join(f"{r[k]['batched_s']:.3f} / {r[k]['single_s']:.3f}" for k in [*kinds, "all_kinds"]) + " |")
+    return {"target": "extract", "interactions": len(turns), "batch_size": int(b.batch_size), "threads": int(b.threads),
+            "bundle": str(b.bundle), "kinds": kinds, "seconds_per_interaction": rows,
+            "paper_ingest_s_per_turn": 1.363}
+
+
+TARGETS = {"runtime": bench_runtime, "train": bench_train, "extract": bench_extract}
 
 
 def check_options(cfg: DictConfig) -> None:
@@ -300,6 +349,16 @@ def check_options(cfg: DictConfig) -> None:
             raise ConfigError("option bench.profiles must map labels to conf/runtime profiles")
         for label, profile in b.profiles.items():
             parse_choice(profile, f"bench.profiles.{label}", conf_options("runtime"))
+        return
+    if cfg.target == "extract":
+        b = cfg.bench_extract
+        for key in ("interactions", "single", "batch_size", "max_new_tokens", "threads"):
+            parse_int(b[key], f"bench_extract.{key}", minimum=1)
+        if not b.bundle or not (Path(str(b.bundle)) / "manifest.json").exists():
+            raise MissingInputError(f"option bench_extract.bundle={b.bundle!r}: no extractor bundle there "
+                                    "(python -m arbor_train.export)")
+        if not Path(str(b.input)).exists():
+            raise MissingInputError(f"option bench_extract.input={b.input!r}: no such file or folder")
         return
     b = cfg.bench_train
     parse_choice(b.model, "bench_train.model", conf_options("model"))

@@ -226,3 +226,20 @@ def test_chat_returns_completions_in_the_order_given():
     llm = HFCausalLM.from_parts(model, tok, batch_size=1)
     msgs = [[{"role": "user", "content": "x " * n + "end"}] for n in (9, 1, 5)]
     assert llm.chat(msgs, max_new_tokens=4) == [llm.chat([m], max_new_tokens=4)[0] for m in msgs]
+
+
+def test_empty_targets_are_capped_per_kind():
+    """task.empty_share: per kind, "[]" examples stay at most that share of the kind's training examples."""
+    from arbor_train.models import build_decoder
+    from arbor_train.roles.extractor import sft_examples
+
+    _, tok = build_decoder(dict(OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "tiny_decoder.yaml"))))
+    rows = [{"input": f"turn {i}", "assistant": "", "timestamp": None, "summary": f"s{i}",
+             "target": json.dumps({"events": [{"text": "ran"}] if i < 3 else [], "facts": [{"text": f"f{i}"}]})}
+            for i in range(12)]
+    ex, gen, _ = sft_examples(rows, tok, ["events", "facts"], 256, empty_share=0.3)
+    kinds = [g["kind"] for g in gen]
+    empty_events = sum(1 for g in gen if g["kind"] == "events" and not g["target"])
+    assert kinds.count("facts") == 12 and kinds.count("events") == 4 and empty_events == 1  # 1 of 4 <= 0.3
+    _, gen, _ = sft_examples(rows, tok, ["events"], 256)
+    assert len(gen) == 12  # no cap: every row

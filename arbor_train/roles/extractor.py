@@ -35,14 +35,24 @@ def row_target(r: dict, kind: str):
     return json.loads(r["target"]).get(kind)
 
 
-def sft_examples(rows, tokenizer, kinds: list[str], max_length: int) -> tuple[list[dict], list[dict], int]:
-    """(examples, prompts-with-targets for generation, dropped count) for every row and supervised kind."""
+def sft_examples(rows, tokenizer, kinds: list[str], max_length: int,
+                 empty_share: float | None = None) -> tuple[list[dict], list[dict], int]:
+    """(examples, prompts-with-targets for generation, dropped count) for every row and supervised kind.
+    empty_share (training only): per kind, an example whose target is empty ([]) is kept only while such
+    examples stay at most this share of the kind's examples; most turns state no event or artifact, and
+    a multi-kind adapter fed mostly "[]" learns to write "[]" for every kind."""
     examples, gen, dropped = [], [], 0
+    seen: dict[str, list[int]] = {}  # kind -> [with content, empty]
     for r in rows:
         for kind in kinds:
             target = row_target(r, kind)
             if target is None:
                 continue
+            n = seen.setdefault(kind, [0, 0])
+            if empty_share is not None and not target:
+                if n[1] + 1 > empty_share * (n[0] + n[1] + 1):
+                    continue
+            n[0 if target else 1] += 1
             completion = extract_target(kind, target)
             messages = extract_messages(kind, r["input"], r["assistant"], r["timestamp"])
             ex = build_sft_example(tokenizer, messages, completion, max_length)
@@ -257,7 +267,7 @@ class Extractor(Role):
         va_rows = D.select_rows(va_rows["extraction"], dc.get("max_val_examples"), t.get("nonempty_share"), kinds)
         mixed, mixed_sessions, mix_fp = mix_rows(c)
         tr_rows = interleave(tr_rows, mixed)
-        tr, _, dropped = sft_examples(tr_rows, tok, kinds, t["max_length"])
+        tr, _, dropped = sft_examples(tr_rows, tok, kinds, t["max_length"], t.get("empty_share"))
         va, gen, _ = sft_examples(va_rows, tok, kinds, t["max_length"])
         module = ExtractorModule(model, c, tok, spread_kinds(gen, t["gen_examples"]))
         train_loader, val_loader = sft_loaders(c, model, tok, layout, tr, va)
