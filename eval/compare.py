@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--row", action="append", default=[],
                     help="grid: one row, a space-separated string of eval.run overrides (repeat the option)")
     ap.add_argument("--budgets", type=int, nargs="+", default=[2048], help="grid: the read budgets of every row")
-    a = ap.parse_args()
+    a = ap.parse_intermixed_args()  # overrides may come before or after the options
     if a.kind == "grid" and not a.row:
         ap.error("grid needs at least one --row")
     compare(a.kind, a.overrides, a.out or f"outputs/reports/{a.kind}",
