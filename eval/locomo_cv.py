@@ -102,7 +102,7 @@ def tuned_overrides(c: dict, bundle: Path) -> str:
     ov = [f"reranker.bundle.path={Path(c['reranker_bundle']).resolve()}", f"tagger.bundle.path={Path(c['tagger_bundle']).resolve()}"]
     for k in ("summary", "entities", "facts", "states", "artifacts", "events"):
         ov.append(f"extractors.{k}.path={bundle}" if k in kinds else f"extractors.{k}=heuristic")
-    return "[" + ",".join(ov) + "]"
+    return _list(ov)  # each override quoted: Hydra reads `=` inside a list element only within quotes
 
 
 def plan(c: dict, folds: list[list[str]], out: Path) -> list:

@@ -55,6 +55,13 @@ def test_each_fold_trains_without_its_conversations_and_is_scored_only_on_them(t
         assert f"extractors.facts.path={bundle}" in tuned and "extractors.summary=heuristic" in tuned
         assert all(f"fold{j}" not in tuned for j in range(4) if j != k)
         assert f"bundle.path={bundle}" in stages[f"facts_tuned_f{k}"].command()
+        # the row composes as eval.run reads it (Hydra's override grammar), with the fold's bundle in place
+        from arbor_train.runtime.config import compose as compose_eval
+        from eval.run import runtime_config
+
+        rc = runtime_config(OmegaConf.to_container(compose_eval("eval", [*tuned.split(), f"run_dir={tmp_path}"]), resolve=True))
+        assert rc["extractors"]["facts"]["path"] == bundle and rc["extractors"]["summary"] == "heuristic"
+        assert rc["reranker"]["bundle"]["path"] == str((tmp_path / "rr").resolve())
     assert sorted(held_out_by_eval) == IDS  # every conversation is held out exactly once
 
 
