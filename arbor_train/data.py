@@ -291,13 +291,18 @@ def select_rows(rows, cap: int | None, nonempty_share: float | None, kinds: list
     n = cap or len(rows)
     n_full = min(len(full), round(n * nonempty_share))
     n_empty = min(len(empty), n - n_full)
+    return interleave(full[:n_full], empty[:n_empty])
+
+
+def interleave(a: list, b: list) -> list:
+    """Both lists merged evenly, each in its own order (deterministic)."""
     out, i, j = [], 0, 0
-    while i < n_full or j < n_empty:  # interleave deterministically
-        if i < n_full and (j >= n_empty or i * n_empty <= j * n_full):
-            out.append(full[i])
+    while i < len(a) or j < len(b):
+        if i < len(a) and (j >= len(b) or i * len(b) <= j * len(a)):
+            out.append(a[i])
             i += 1
         else:
-            out.append(empty[j])
+            out.append(b[j])
             j += 1
     return out
 

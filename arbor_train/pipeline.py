@@ -345,12 +345,18 @@ def run_pipeline(cfg: DictConfig | dict) -> dict:
 def main(cfg: DictConfig) -> None:
     """A user error (a pipeline option, or a stage that refused its own: exit 2) is an `error:` line and exit
     2 (entry_point); a stage that crashed is reported with its log's tail and exit 1."""
+    exit_on_stage_error(run_pipeline, cfg, "pipeline")
+
+
+def exit_on_stage_error(fn, cfg, label: str) -> None:
+    """Run a staged command: a stage that crashed is its log's tail and exit 1; a user error passes on
+    (entry_point prints it as one `error:` line, exit 2)."""
     try:
-        run_pipeline(cfg)
+        fn(cfg)
     except StageError as e:
         if isinstance(e, UserError):
             raise
-        print(f"[pipeline] {e}", file=sys.stderr)
+        print(f"[{label}] {e}", file=sys.stderr)
         sys.exit(1)
 
 

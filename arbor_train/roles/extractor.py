@@ -134,22 +134,6 @@ def sft_loaders(c: dict, model, tok, layout, tr: list[dict], va: list[dict]):
     return loaders(c, tr_items, va_items, collate)
 
 
-def interleave(a: list, b: list) -> list:
-    """The rows of both lists merged evenly in order (the loader shuffles by epoch; with shuffling off,
-    e.g. debug=overfit, a capped run still sees both sources)."""
-    if not b:
-        return list(a)
-    out, i, j = [], 0, 0
-    while i < len(a) or j < len(b):
-        if i < len(a) and (j >= len(b) or i * len(b) <= j * len(a)):
-            out.append(a[i])
-            i += 1
-        else:
-            out.append(b[j])
-            j += 1
-    return out
-
-
 def spread_kinds(gen: list[dict], n: int) -> list[dict]:
     """n held-out generation prompts, taken round-robin over kinds so that every trained kind is scored
     at validation (rows yield their kinds in order, so a plain prefix favours the first)."""
@@ -159,7 +143,7 @@ def spread_kinds(gen: list[dict], n: int) -> list[dict]:
     out: list[dict] = []
     # within a kind, targets with content and empty ones alternate (content first): most turns state no
     # event or artifact, and a sample of empty targets would score any model that outputs [] perfectly
-    queues = [interleave(full, empty) for full, empty in by.values()]
+    queues = [D.interleave(full, empty) for full, empty in by.values()]
     while len(out) < n and any(queues):
         for q in queues:
             if q and len(out) < n:
@@ -266,7 +250,7 @@ class Extractor(Role):
         tr_rows = D.select_rows(tr_rows["extraction"], dc.get("max_train_examples"), t.get("nonempty_share"), kinds)
         va_rows = D.select_rows(va_rows["extraction"], dc.get("max_val_examples"), t.get("nonempty_share"), kinds)
         mixed, mixed_sessions, mix_fp = mix_rows(c)
-        tr_rows = interleave(tr_rows, mixed)
+        tr_rows = D.interleave(tr_rows, mixed)  # both sources spread over the epoch's order
         tr, _, dropped = sft_examples(tr_rows, tok, kinds, t["max_length"], t.get("empty_share"))
         va, gen, _ = sft_examples(va_rows, tok, kinds, t["max_length"])
         module = ExtractorModule(model, c, tok, spread_kinds(gen, t["gen_examples"]))
