@@ -145,6 +145,7 @@ def test_mixed_extraction_rows_supervise_only_their_kinds_and_sessions(tmp_path,
     c = tcfg(tmp_path / "a", smoke_data, "model=tiny_decoder", "task=extractor_all", mix)
     got, used, fp = mix_rows(c)
     assert len(got) == 40 and drop not in used and all(r["_kinds"] == ["facts"] for r in got)
+    assert len(used) > 1  # drawn over the sessions (shuffled before the cap), not the first one's rows
     assert {r["session_id"] for r in got} == set(used)
     base = roles.get("extractor").build(tcfg(tmp_path / "b", smoke_data, "model=tiny_decoder", "task=extractor_all"))
     mixed = roles.get("extractor").build(c)
