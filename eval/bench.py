@@ -309,11 +309,18 @@ def bench_extract(cfg: DictConfig) -> dict:
     with quiet():
         tuned = ExtractorSet({k: spec for k in kinds}, heur)
         plain = ExtractorSet({}, heur)
+    out_tokens = [0] * len(turns)  # per turn: tokens the tuned adapter wrote over every kind
+    from tqdm import tqdm
+
     for label, ex in (("heuristic", plain), ("tuned", tuned)):
-        for kind in kinds:
+        for kind in tqdm(kinds, desc=f"{label} extraction", unit="kind"):
             t0 = time.perf_counter()
-            ex.by_kind[kind].run(kind, turns)  # batched (the model's batch_size)
+            outs = ex.by_kind[kind].run(kind, turns)  # batched (the model's batch_size)
             batched = (time.perf_counter() - t0) / len(turns)
+            if label == "tuned":
+                tok = ex.by_kind[kind].llm.tokenizer
+                for i, o in enumerate(outs):
+                    out_tokens[i] += len(tok.encode(str(o), add_special_tokens=False)) + 1  # + end of sequence
             t0 = time.perf_counter()
             for t in turns[: int(b.single)]:
                 ex.by_kind[kind].run(kind, [t])
@@ -321,13 +328,53 @@ def bench_extract(cfg: DictConfig) -> dict:
             rows.setdefault(label, {})[kind] = {"batched_s": round(batched, 4), "single_s": round(single, 4)}
         rows[label]["all_kinds"] = {m: round(sum(v[m] for k, v in rows[label].items() if k in kinds), 4)
                                     for m in ("batched_s", "single_s")}
+    one = one_generation_cost(tuned.by_kind[kinds[0]].llm, turns, kinds, out_tokens, int(b.batch_size), int(b.single))
     print("| extractor | " + " | ".join(kinds) + " | every kind |\n|---|" + "---:|" * (len(kinds) + 1))
     for label, r in rows.items():
         print(f"| {label}, s per interaction (batched / one at a time) | "
               + " | ".join(f"{r[k]['batched_s']:.3f} / {r[k]['single_s']:.3f}" for k in [*kinds, "all_kinds"]) + " |")
+    print(f"| one generation for every kind (cost only: same model, every instruction in one prompt, forced to "
+          f"the {sum(out_tokens) / len(turns):.0f} tokens per turn the six outputs took) | "
+          + " | ".join("" for _ in kinds) + f" | {one['batched_s']:.3f} / {one['single_s']:.3f} |")
+    rows["one_generation_cost"] = one
     return {"target": "extract", "interactions": len(turns), "batch_size": int(b.batch_size), "threads": int(b.threads),
             "bundle": str(b.bundle), "kinds": kinds, "seconds_per_interaction": rows,
             "paper_ingest_s_per_turn": 1.363}
+
+
+def one_generation_cost(llm, turns, kinds: list[str], out_tokens: list[int], batch_size: int, single: int) -> dict:
+    """Seconds per turn of the other layout's compute: one prompt holding every kind's instruction, decoding
+    as many tokens as the kind-conditioned outputs took for that turn (a batch runs to its longest). It
+    measures cost only: no adapter is trained for that layout here."""
+    import torch
+
+    from arbor_train.prompts import EXTRACT_INSTRUCTIONS, EXTRACT_SYSTEM
+
+    def messages(t):
+        turn = (f"[{t.timestamp}]\n" if t.timestamp else "") + f"User: {t.user_text}" + (
+            f"\nAssistant: {t.assistant_text}" if t.assistant_text else "")
+        rules = "\n".join(f"- {k}: {EXTRACT_INSTRUCTIONS[k]}" for k in kinds)
+        return [{"role": "system", "content": EXTRACT_SYSTEM},
+                {"role": "user", "content": f"Output one JSON object with these keys:\n{rules}\n\nTurn:\n{turn}"}]
+
+    def gen(idx: list[int]) -> None:
+        texts = [llm.render(messages(turns[i])) for i in idx]
+        enc = llm.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False,
+                            return_token_type_ids=False).to(llm.device)
+        n = max(out_tokens[i] for i in idx)
+        with torch.inference_mode():
+            llm.model.generate(**enc, min_new_tokens=n, max_new_tokens=n, do_sample=False,
+                               pad_token_id=llm.tokenizer.pad_token_id)
+
+    order = sorted(range(len(turns)), key=lambda i: len(llm.render(messages(turns[i]))))
+    t0 = time.perf_counter()
+    for i in range(0, len(order), batch_size):
+        gen(order[i : i + batch_size])
+    batched = (time.perf_counter() - t0) / len(turns)
+    t0 = time.perf_counter()
+    for i in range(single):
+        gen([i])
+    return {"batched_s": round(batched, 4), "single_s": round((time.perf_counter() - t0) / single, 4)}
 
 
 TARGETS = {"runtime": bench_runtime, "train": bench_train, "extract": bench_extract}
