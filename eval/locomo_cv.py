@@ -67,6 +67,13 @@ def check_options(c: dict) -> None:
             raise ConfigError(f"option {key} must be a list of stage names, got {c[key]!r}")
     c["echo"] = parse_bool(c["echo"], "echo")
     c["folds"] = parse_int(c["folds"], "folds", minimum=2)
+    if c.get("run_folds") is not None:
+        if not isinstance(c["run_folds"], list) or not c["run_folds"]:
+            raise ConfigError(f"option run_folds must be null or a non-empty list of fold numbers, got {c['run_folds']!r}")
+        c["run_folds"] = [parse_int(k, f"run_folds[{i}]", minimum=0) for i, k in enumerate(c["run_folds"])]
+        bad = [k for k in c["run_folds"] if k >= c["folds"]]
+        if bad:
+            raise ConfigError(f"option run_folds: {bad} not below folds={c['folds']} (folds are numbered from 0)")
     if not isinstance(c["budgets"], list) or not c["budgets"]:
         raise ConfigError(f"option budgets must be a non-empty list of read budgets, got {c['budgets']!r}")
     c["budgets"] = [parse_int(b, f"budgets[{i}]", minimum=1) for i, b in enumerate(c["budgets"])]
@@ -112,6 +119,8 @@ def plan(c: dict, folds: list[list[str]], out: Path) -> list:
     stages: list[Stage] = []
     sup = str(Path(c["supervision"]).resolve())
     for k, held in enumerate(folds):
+        if c.get("run_folds") is not None and k not in c["run_folds"]:
+            continue
         fold = out / f"fold{k}"
         bundle, run_dir = fold / "bundle", fold / "train" / "run"
         mix = ("data.mix=[{dir: " + sup + ", sets: [extraction], kinds: [facts], exclude_sessions: "
@@ -210,8 +219,10 @@ def _f(v) -> str:
 
 def tables(merged: dict, c: dict) -> str:
     folds = merged["folds"]
-    lines = [f"LoCoMo cross-validation: {len(folds)} folds ({'; '.join(','.join(f) for f in folds)}); each cell is the "
-             "mean over folds of evidence recall / answer-token recall (per-fold values below).", ""]
+    done = sorted({k for r in merged["rows"] for k in r["folds_done"]})
+    lines = [f"LoCoMo cross-validation: {len(folds)} folds ({'; '.join(','.join(f) for f in folds)}), "
+             f"{len(done)} run ({', '.join(map(str, done))}); each cell is the mean over the folds run of "
+             "evidence recall / answer-token recall (per-fold values below).", ""]
     budgets = sorted({r["budget"] for r in merged["rows"]})
     names = list(dict.fromkeys(r["row"] for r in merged["rows"]))
     at = {(r["row"], r["budget"]): r for r in merged["rows"]}
@@ -279,7 +290,8 @@ def plot(merged: dict, out: Path) -> list[Path]:
         ax.set_xscale("log", base=2)
         ax.set_xticks(budgets, [f"{b:,}" for b in budgets])
         ax.set_xlabel("read budget (tokens)")
-        ax.set_title(m.replace("_", " ") + f", mean of {len(merged['folds'])} folds")
+        done = len({k for r in rows for k in r["folds_done"]})
+        ax.set_title(m.replace("_", " ") + f", mean of {done} of {len(merged['folds'])} folds")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("recall")
     axes[1].legend(fontsize=8, loc="lower right")

@@ -63,6 +63,10 @@ def test_each_fold_trains_without_its_conversations_and_is_scored_only_on_them(t
         assert rc["extractors"]["facts"]["path"] == bundle and rc["extractors"]["summary"] == "heuristic"
         assert rc["reranker"]["bundle"]["path"] == str((tmp_path / "rr").resolve())
     assert sorted(held_out_by_eval) == IDS  # every conversation is held out exactly once
+    c["run_folds"] = [1]
+    assert {s.name[-2:] for s in plan(c, folds, tmp_path / "cv")} == {"f1"}
+    with pytest.raises(Exception, match=r"option run_folds: \[4\] not below folds=4"):
+        check_options(cv_cfg(tmp_path, "run_folds=[4]"))
 
 
 def test_bad_options_name_the_option(tmp_path):
