@@ -237,7 +237,7 @@ def test_chat_returns_completions_in_the_order_given():
     model, tok = build_decoder(dict(OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "tiny_decoder.yaml"))))
     llm = HFCausalLM.from_parts(model, tok, batch_size=1)
     msgs = [[{"role": "user", "content": "x " * n + "end"}] for n in (9, 1, 5)]
-    assert llm.chat(msgs, max_new_tokens=4) == [llm.chat([m], max_new_tokens=4)[0] for m in msgs]
+    assert llm.chat(msgs, max_new_tokens=4, by_length=True) == [llm.chat([m], max_new_tokens=4)[0] for m in msgs]
 
 
 def test_empty_targets_are_capped_per_kind():

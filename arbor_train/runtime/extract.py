@@ -10,6 +10,7 @@ always pass through validate.py before anything reaches the store; `ExtractorSet
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -240,13 +241,18 @@ class LLMExtractor:
         msgs = [extract_messages(kind, t.user_text, t.assistant_text, t.timestamp) for t in turns]
         n = self.max_new_tokens if kind != "summary" else self.summary_tokens
         cache_id = getattr(self.llm, "cache_id", None)
+        from .llm import HFCausalLM
+
+        chat = self.llm.chat
+        if isinstance(self.llm, HFCausalLM):  # a local model: batch by prompt length
+            chat = functools.partial(self.llm.chat, by_length=True)
         if self.cache is None or not cache_id:
-            return self.llm.chat(msgs, max_new_tokens=n)
+            return chat(msgs, max_new_tokens=n)
         keys = [ExtractionCache.key(cache_id, n, m) for m in msgs]
         have = self.cache.get_many(sorted(set(keys)))
         todo = sorted({k: m for k, m in zip(keys, msgs) if k not in have}.items())
         if todo:
-            outs = self.llm.chat([m for _, m in todo], max_new_tokens=n)
+            outs = chat([m for _, m in todo], max_new_tokens=n)
             new = [(k, o) for (k, _), o in zip(todo, outs)]
             self.cache.put_many(new)
             have.update(new)

@@ -124,12 +124,15 @@ class HFCausalLM:
             yield self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False,
                                  return_token_type_ids=False).to(self.device)
 
-    def chat(self, conversations: list[list[dict]], max_new_tokens: int = 256) -> list[str]:
-        """Greedy completions, in the order given. Prompts are batched by length (little left padding);
-        greedy decoding makes each completion independent of its batch-mates up to float rounding."""
+    def chat(self, conversations: list[list[dict]], max_new_tokens: int = 256, by_length: bool = False) -> list[str]:
+        """Greedy completions, in the order given. by_length: batch the prompts by length (little left
+        padding: the extractors' ahead-of-commit batches); greedy decoding makes each completion
+        independent of its batch-mates up to float rounding. Off by default, so batches stay as given."""
         import torch
 
-        order = sorted(range(len(conversations)), key=lambda i: len(self.render(conversations[i])))
+        order = list(range(len(conversations)))
+        if by_length:
+            order.sort(key=lambda i: len(self.render(conversations[i])))
         out: list[str] = [""] * len(conversations)
         k = 0
         for enc in self._batches([conversations[i] for i in order]):
