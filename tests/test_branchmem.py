@@ -140,7 +140,7 @@ def test_existing_out_dir_is_never_replaced_silently(formal):
     (["seed=abc"], "option seed must be an integer"),
     (["overwrite=maybe"], "option overwrite must be true or false, got 'maybe'"),
     (["mine=yes please"], "option mine must be true or false"),
-    (["runtime_profile=nope"], "option runtime_profile must be one of cross_session, default"),
+    (["runtime_profile=nope"], "option runtime_profile must be one of cross_session, cross_session_tuned, cross_session_untuned, default"),
     (["verbalizer.enabled=maybe"], "option verbalizer.enabled must be true or false"),
     (["command=benchmark", "bench.sessions=0"], r"option bench\.sessions must be at least 1"),
     (["preset.total_turns=10"], r"option preset\.total_turns=10 cannot be split into preset\.sessions=33 sessions"),

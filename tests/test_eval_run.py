@@ -109,7 +109,7 @@ def test_ablation_removes_the_forest(smoke_data, tmp_path):
     (["max_sessions=0"], "option max_sessions must be at least 1"),
     (["wandb.enabled=maybe"], "option wandb.enabled must be true or false"),
     (["+ablation.routing=perhaps"], "option ablation.routing must be true or false"),
-    (["runtime_profile=nope"], "option runtime_profile must be one of cross_session, default, "),
+    (["runtime_profile=nope"], "option runtime_profile must be one of cross_session, cross_session_tuned, cross_session_untuned, default, "),
     (["answer_model.kind=gpt"], "option answer_model.kind must be one of none, llm"),
     (["answer_model=smollm2", "answer_model.llm.backend=vllm"], "option answer_model.llm.backend must be one of hf, openai"),
     (["judge.kind=human"], "option judge.kind must be one of none, llm"),
