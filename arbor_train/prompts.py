@@ -95,15 +95,31 @@ def cross_encoder_pair(query: str, document: str) -> tuple[str, str]:
     return query, document
 
 
-def extract_messages(kind: str, user_text: str, assistant_text: str = "", timestamp: str | None = None) -> list[dict]:
+def render_turn(user_text: str, assistant_text: str = "", timestamp: str | None = None) -> str:
+    """One turn as every extraction prompt shows it: `[timestamp]`, then `User: ...`, then `Assistant: ...`."""
     turn = f"User: {user_text}"
     if assistant_text:
         turn += f"\nAssistant: {assistant_text}"
     if timestamp:
         turn = f"[{timestamp}]\n" + turn
+    return turn
+
+
+def extract_messages(kind: str, user_text: str, assistant_text: str = "", timestamp: str | None = None) -> list[dict]:
+    """The kind-conditioned layout: one prompt (and one generation) per kind per turn."""
     return [
         {"role": "system", "content": EXTRACT_SYSTEM},
-        {"role": "user", "content": f"{EXTRACT_INSTRUCTIONS[kind]}\n\nTurn:\n{turn}"},
+        {"role": "user", "content": f"{EXTRACT_INSTRUCTIONS[kind]}\n\nTurn:\n{render_turn(user_text, assistant_text, timestamp)}"},
+    ]
+
+
+def extract_all_messages(kinds: list[str], user_text: str, assistant_text: str = "", timestamp: str | None = None) -> list[dict]:
+    """The one-generation layout: one prompt holding every kind's instruction, answered as one JSON object."""
+    rules = "\n".join(f"- {k}: {EXTRACT_INSTRUCTIONS[k]}" for k in kinds)
+    return [
+        {"role": "system", "content": EXTRACT_SYSTEM},
+        {"role": "user", "content": f"Output one JSON object with these keys:\n{rules}\n\n"
+                                    f"Turn:\n{render_turn(user_text, assistant_text, timestamp)}"},
     ]
 
 

@@ -13,38 +13,30 @@ the turns the context cited), so a forget request removes the answers built from
 
 from __future__ import annotations
 
-import hashlib
-import json
-import sqlite3
 from pathlib import Path
 from typing import Callable
 
 from tqdm import tqdm
 
 from arbor_train.prompts import answer_messages as messages  # the reader's versioned prompt layout
+from arbor_train.runtime.kvcache import SqliteKV, cache_key
 
 
 Sources = tuple[str, list[int]]  # (unit, turns cited by the context)
 
 
-class AnswerCache:
-    """prompt hash -> answer, in SQLite (safe to share between runs; a crashed run loses nothing stored)."""
+class AnswerCache(SqliteKV):
+    """prompt hash -> answer, in SQLite (safe to share between runs; a crashed run loses nothing stored), with
+    the turns each answer's context cited, so a forget request deletes the answers built from them."""
 
     def __init__(self, path: str | Path):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(str(path))
-        self.db.execute("PRAGMA secure_delete=ON")  # a forgotten answer's bytes are zeroed, not left free
-        self.db.execute("CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, answer TEXT NOT NULL)")
+        super().__init__(path, table="answers", value="answer", secure_delete=True)  # forgotten bytes zeroed
         self.db.execute("CREATE TABLE IF NOT EXISTS answer_sources (unit TEXT NOT NULL, turn INTEGER NOT NULL, "
                         "key TEXT NOT NULL, PRIMARY KEY(unit, turn, key)) WITHOUT ROWID")
 
-    def get(self, key: str) -> str | None:
-        row = self.db.execute("SELECT answer FROM answers WHERE key = ?", (key,)).fetchone()
-        return row[0] if row else None
-
     def put_many(self, items: list[tuple[str, str]], sources: dict[str, list[Sources]] | None = None) -> None:
         with self.db:
-            self.db.executemany("INSERT OR REPLACE INTO answers VALUES (?, ?)", items)
+            self._put(items)
             rows = [(unit, int(turn), k) for k, _ in items for unit, turns in (sources or {}).get(k, [])
                     for turn in turns]
             self.db.executemany("INSERT OR IGNORE INTO answer_sources VALUES (?, ?, ?)", rows)
@@ -58,9 +50,6 @@ class AnswerCache:
             self.db.executemany("DELETE FROM answers WHERE key = ?", [(k,) for k in keys])
             self.db.executemany("DELETE FROM answer_sources WHERE key = ?", [(k,) for k in keys])
         return len(keys)
-
-    def close(self) -> None:
-        self.db.close()
 
 
 class Answers:
@@ -85,9 +74,8 @@ class Answers:
         return self.cache.forget(unit, list(want)) if self.cache else 0
 
     def _key(self, msgs: list[dict]) -> str:
-        blob = json.dumps([getattr(self.llm, "cache_id", getattr(self.llm, "name", type(self.llm).__name__)), self.max_new_tokens, msgs],
-                          sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()
+        return cache_key(getattr(self.llm, "cache_id", getattr(self.llm, "name", type(self.llm).__name__)),
+                         self.max_new_tokens, msgs)
 
     def flush(self) -> dict:
         """Generate (or look up) every queued answer, then run the callbacks in queue order."""

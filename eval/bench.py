@@ -348,14 +348,10 @@ def one_generation_cost(llm, turns, kinds: list[str], out_tokens: list[int], bat
     measures cost only: no adapter is trained for that layout here."""
     import torch
 
-    from arbor_train.prompts import EXTRACT_INSTRUCTIONS, EXTRACT_SYSTEM
+    from arbor_train.prompts import extract_all_messages
 
     def messages(t):
-        turn = (f"[{t.timestamp}]\n" if t.timestamp else "") + f"User: {t.user_text}" + (
-            f"\nAssistant: {t.assistant_text}" if t.assistant_text else "")
-        rules = "\n".join(f"- {k}: {EXTRACT_INSTRUCTIONS[k]}" for k in kinds)
-        return [{"role": "system", "content": EXTRACT_SYSTEM},
-                {"role": "user", "content": f"Output one JSON object with these keys:\n{rules}\n\nTurn:\n{turn}"}]
+        return extract_all_messages(kinds, t.user_text, t.assistant_text, t.timestamp)
 
     def gen(idx: list[int]) -> None:
         texts = [llm.render(messages(turns[i])) for i in idx]

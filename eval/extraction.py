@@ -59,18 +59,10 @@ def run(cfg: DictConfig) -> dict:
     if not Path(str(c["input"])).exists():
         raise MissingInputError(f"option input={c['input']!r}: no such file or folder")
     convs = load_locomo(c["input"])
-    want = c["conversations"]
-    if want is not None:
-        if not isinstance(want, list) or not want:
-            raise ConfigError(f"option conversations must be a list of conversation ids or null, got {want!r}")
-        known = {x.conversation_id for x in convs}
-        missing = [w for w in want if w not in known]
-        if missing:
-            raise ConfigError(f"option conversations: {missing} not in {c['input']} (has {sorted(known)})")
-        convs = [x for x in convs if x.conversation_id in set(want)]
-    if isinstance(spec, dict) and spec.get("kind") == "bundle":  # never scored on its own training conversations
-        from .run import check_extractor_heldout
+    from .run import check_extractor_heldout, select_by_id
 
+    convs = select_by_id(convs, c["conversations"], lambda x: x.conversation_id, "conversations", c["input"])
+    if isinstance(spec, dict) and spec.get("kind") == "bundle":  # never scored on its own training conversations
         check_extractor_heldout({"extractors": {"facts": spec}}, [x.conversation_id for x in convs])
     heur = default_config(c["runtime_profile"])["heuristics"]
     with quiet():

@@ -120,20 +120,24 @@ def check_reader_heldout(c: dict, protocol, units: list) -> None:
                           f"sessions (another seed or preset)")
 
 
+def select_by_id(items: list, want, id_of, option: str, source: str) -> list:
+    """The items whose id (`id_of(item)`) option `option` names, in their own order; all when `want` is null.
+    A bad option (not a non-empty list, or ids `source` does not hold) raises ConfigError naming both."""
+    if want is None:
+        return items
+    if not isinstance(want, list) or not want:
+        raise ConfigError(f"option {option} must be null or a non-empty list of ids, got {want!r}")
+    want = {str(u) for u in want}
+    have = {str(id_of(u)) for u in items}
+    missing = sorted(want - have)
+    if missing:
+        raise ConfigError(f"option {option}: {missing} not in {source} (it has {len(have)}, e.g. {sorted(have)[:5]})")
+    return [u for u in items if str(id_of(u)) in want]
+
+
 def select_units(c: dict, protocol, units: list) -> list:
     """The units named by `units` (conversation or session ids), in the benchmark's order; all when null."""
-    want = c.get("units")
-    if want is None:
-        return units
-    if not isinstance(want, list) or not want:
-        raise ConfigError(f"option units must be null or a non-empty list of unit ids, got {want!r}")
-    want = [str(u) for u in want]
-    have = {protocol.unit_id(u) for u in units}
-    missing = [u for u in want if u not in have]
-    if missing:
-        raise ConfigError(f"option units: {missing} not in benchmark={c['benchmark']} (it has {len(have)} units, "
-                          f"e.g. {sorted(have)[:5]})")
-    return [u for u in units if protocol.unit_id(u) in set(want)]
+    return select_by_id(units, c.get("units"), protocol.unit_id, "units", f"benchmark={c['benchmark']}")
 
 
 def check_extractor_heldout(runtime_cfg: dict, unit_ids: list[str]) -> None:

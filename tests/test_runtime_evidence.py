@@ -1,5 +1,6 @@
 """Causal boundary, revision/supersede, malformed extractor output, context assembly, ablations."""
 
+import copy
 import json
 import logging
 
@@ -252,6 +253,25 @@ def test_the_read_path_is_the_layer_list_in_its_configured_order(runtime_cfg, tm
     mem.close()
 
 
+def test_a_layer_share_caps_it_at_that_fraction_of_each_read_budget(runtime_cfg, tmp_path, turns):
+    cfg = copy.deepcopy(runtime_cfg)
+    cfg["context"]["layers"] = [{"layer": "supplemental", "share": 0.25}, "primary_path"]
+    cfg["context"]["supplemental_match"] = "keyword"
+    mem = build(cfg, tmp_path, turns)
+    q = "Is Hotel Infante near Belem Tower, and what is Alice's budget for Lisbon?"
+    sizes = {}
+    for budget in (320, 640):
+        _, ctx = mem.read(q, budget=budget)
+        sizes[budget] = ctx.block("Supplemental").tokens if ctx.block("Supplemental") else 0
+    assert 0 < sizes[320] <= 80 and sizes[320] < sizes[640] <= 160  # a quarter of 320, then of 640 tokens
+    uncapped = copy.deepcopy(cfg)
+    uncapped["context"]["layers"] = [{"layer": "supplemental", "budget": 100000}, "primary_path"]
+    mem.close()
+    mem = build(uncapped, tmp_path / "u", turns)
+    assert mem.read(q, budget=320)[1].block("Supplemental").tokens > sizes[320]  # the share is what held it back
+    mem.close()
+
+
 def test_cross_session_policy_reads_every_matching_turn_before_the_routed_history(tmp_path, turns):
     from arbor_train.runtime import default_config
 
@@ -304,6 +324,8 @@ def test_fill_by_time_writes_each_timestamp_once_and_keeps_the_cap():
     ([{"layer": "states", "when_intents": ["someday"]}], r"context\.layers\[0\]\.when_intents"),
     ([{"layer": "states", "budget": -5}], r"context\.layers\[0\]\.budget"),
     ([{"layer": "states", "order": 1}], r"context\.layers\[0\]: unknown keys \['order'\]"),
+    ([{"layer": "states", "share": 1.5}], r"context\.layers\[0\]\.share must be a fraction"),
+    ([{"layer": "states", "share": 0}], r"context\.layers\[0\]\.share must be a fraction"),
     ([], r"context\.layers must be a non-empty list"),
 ])
 def test_a_bad_layer_list_is_refused_naming_the_entry(runtime_cfg, tmp_path, layers, msg):

@@ -11,7 +11,6 @@ always pass through validate.py before anything reaches the store; `ExtractorSet
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import re
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..prompts import extract_messages
+from .kvcache import SqliteKV, cache_key
 from .text import entities as find_entities
 from .text import keywords as find_keywords
 from .text import sentences, snake_case, truncate
@@ -195,51 +195,36 @@ def _subject(s: str | None) -> str:
     return re.sub(r"(?:'s|’s)$", "", s)
 
 
-class ExtractionCache:
+class ExtractionCache(SqliteKV):
     """Raw model outputs keyed by (model identity, generation length, exact prompt), in SQLite: an
     evaluation that rebuilds the same memory (another read budget, an ablation, a rerun) reuses what a
     model already generated. Only models with a `cache_id` (what their outputs depend on) are cached."""
 
     def __init__(self, path: str | Path):
-        import sqlite3
-
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(str(path))
-        self.db.execute("CREATE TABLE IF NOT EXISTS outputs (key TEXT PRIMARY KEY, output TEXT NOT NULL)")
+        super().__init__(path, table="outputs", value="output")
 
     @staticmethod
     def key(cache_id: str, max_new_tokens: int, messages: list[dict]) -> str:
-        blob = json.dumps([cache_id, max_new_tokens, messages], ensure_ascii=False, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()
+        return cache_key(cache_id, max_new_tokens, messages)
 
-    def get_many(self, keys: list[str]) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for i in range(0, len(keys), 500):
-            part = keys[i : i + 500]
-            q = ",".join("?" * len(part))
-            out.update(self.db.execute(f"SELECT key, output FROM outputs WHERE key IN ({q})", part).fetchall())
-        return out
 
-    def put_many(self, items: list[tuple[str, str]]) -> None:
-        with self.db:
-            self.db.executemany("INSERT OR REPLACE INTO outputs VALUES (?, ?)", items)
+SUMMARY_TOKENS = 64  # a summary is one short sentence
 
 
 class LLMExtractor:
     """Prompted or tuned causal LM extractor; generation is batched per kind (and cached, see
     ExtractionCache, when a cache is attached and the model has a cache id)."""
 
-    def __init__(self, llm, max_new_tokens: int = 256, kinds: list[str] | None = None, summary_tokens: int = 64):
+    def __init__(self, llm, max_new_tokens: int = 256, kinds: list[str] | None = None):
         self.llm = llm
         self.name = llm.name
         self.max_new_tokens = max_new_tokens
-        self.summary_tokens = summary_tokens
         self.kinds = set(kinds or KINDS)
         self.cache: ExtractionCache | None = None
 
     def run(self, kind: str, turns: list[TurnInput]) -> list[Any]:
         msgs = [extract_messages(kind, t.user_text, t.assistant_text, t.timestamp) for t in turns]
-        n = self.max_new_tokens if kind != "summary" else self.summary_tokens
+        n = self.max_new_tokens if kind != "summary" else SUMMARY_TOKENS
         cache_id = getattr(self.llm, "cache_id", None)
         from .llm import HFCausalLM
 

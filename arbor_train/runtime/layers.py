@@ -5,7 +5,9 @@ An entry of `context.layers` is `{layer: <name>}` plus optional keys:
 - `when_intents: [previous, current]`: the entry applies only to a question with one of these intents
   (the method's rule "update evidence first for previous/current questions" is such an entry, listed
   before the primary path, with a plain `update_evidence` entry after it);
-- `budget: N`: this entry's token cap instead of the layer's default budget option.
+- `budget: N`: this entry's token cap instead of the layer's default budget option;
+- `share: f`: a cap of that fraction of the read budget (0 < f <= 1) instead of the default budget option
+  (with `budget`, the smaller of the two), so one policy keeps its proportions at every read budget.
 A layer runs at most once per read: a later entry of a layer that already ran is skipped. Layers (`LAYERS`), their default budget options, and their match rules (also in `context`):
 
   computed          Computed: count / sum / latest / earliest over matching events (structured_budget)
@@ -264,7 +266,7 @@ LAYERS: dict[str, tuple[Callable[[Read, int], Block | None], str]] = {
 
 
 def check_layers(cc: dict) -> list[dict]:
-    """`context.layers` as entries {layer, when_intents, budget}; a bad entry names the option."""
+    """`context.layers` as entries {layer, when_intents, budget, share}; a bad entry names the option."""
     from .context import INTENT_CUES
 
     entries = cc.get("layers")
@@ -277,16 +279,19 @@ def check_layers(cc: dict) -> list[dict]:
         where = f"runtime option context.layers[{k}]"
         if not isinstance(e, dict) or e.get("layer") not in LAYERS:
             raise ConfigError(f"{where} must name a layer ({', '.join(LAYERS)}), got {e!r}")
-        if set(e) - {"layer", "when_intents", "budget"}:
-            raise ConfigError(f"{where}: unknown keys {sorted(set(e) - {'layer', 'when_intents', 'budget'})} "
-                              "(layer, when_intents, budget)")
+        if set(e) - {"layer", "when_intents", "budget", "share"}:
+            raise ConfigError(f"{where}: unknown keys {sorted(set(e) - {'layer', 'when_intents', 'budget', 'share'})} "
+                              "(layer, when_intents, budget, share)")
         when = e.get("when_intents")
         if when is not None and (not isinstance(when, list) or not set(when) <= set(INTENT_CUES)):
             raise ConfigError(f"{where}.when_intents must be a list of intents ({', '.join(INTENT_CUES)}), got {when!r}")
         b = e.get("budget")
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 0):
             raise ConfigError(f"{where}.budget must be a whole number of tokens >= 0, got {b!r}")
-        out.append({"layer": e["layer"], "when_intents": when, "budget": b})
+        f = e.get("share")
+        if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1):
+            raise ConfigError(f"{where}.share must be a fraction of the read budget in (0, 1], got {f!r}")
+        out.append({"layer": e["layer"], "when_intents": when, "budget": b, "share": f})
     if cc.get("supplemental_rank", "keyword") not in SUPPLEMENTAL_RANK:
         raise ConfigError(f"runtime option context.supplemental_rank must be one of {', '.join(SUPPLEMENTAL_RANK)}, "
                           f"got {cc.get('supplemental_rank')!r}")
@@ -308,7 +313,9 @@ def build_blocks(r: Read, entries: list[dict]) -> list[Block]:
             continue
         ran.add(name)
         builder, budget_key = LAYERS[name]
-        block = builder(r, e["budget"] if e["budget"] is not None else int(r.cc[budget_key]))
+        caps = [c for c in (e["budget"], None if e["share"] is None else int(e["share"] * r.packer.total)) if c is not None]
+        cap = min(caps) if caps else int(r.cc[budget_key])  # the entry's own caps replace the layer's default
+        block = builder(r, cap)
         if block is not None and block.lines:
             blocks.append(block)
             if block.name in RAW_BLOCKS:
