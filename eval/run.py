@@ -68,6 +68,7 @@ def check_options(c: dict) -> None:
         if k != "name":
             _set(c["ablation"], k, parse_bool(v, f"ablation.{k}"))
     _set(c["wandb"], "enabled", parse_bool(c["wandb"]["enabled"], "wandb.enabled"))
+    _set(c, "extract_ahead", parse_bool(c.get("extract_ahead", False), "extract_ahead"))
     am = c["answer_model"]
     parse_choice(am.get("kind"), "answer_model.kind", ("none", "llm"))
     _set(am, "max_new_tokens", parse_int(am.get("max_new_tokens"), "answer_model.max_new_tokens", minimum=1))

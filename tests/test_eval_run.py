@@ -427,3 +427,31 @@ def test_the_report_adds_an_accuracy_table_per_reader():
     assert lines[3] == "| arbormem | no_routing | 1024 | gguf:x.gguf | 0.25 | 0.25 | — | — | 1 / 0 / 0 / 0 / 3 |"
     assert "| reader |" in table(rows).splitlines()[0]
     assert accuracy_table([dict(base, gold_in_context=0.5)]) == ""
+
+
+def test_extract_ahead_hands_every_turn_of_a_session_to_the_method_before_replaying_it(smoke_data, tmp_path, monkeypatch):
+    import eval.methods as M
+
+    calls = []
+    real = M.build_method
+
+    def build(name, runtime_cfg, components, session_id, *rest):
+        m = real(name, runtime_cfg, components, session_id, *rest)
+        prefetch, observe = m.prefetch, m.observe
+        m.prefetch = lambda turns: (calls.append(("prefetch", session_id, list(turns))), prefetch(turns))[1]
+        m.observe = lambda turn, *a, **k: (calls.append(("observe", session_id, turn)), observe(turn, *a, **k))[1]
+        return m
+
+    monkeypatch.setattr(M, "build_method", build)
+    base = run(ecfg(smoke_data, tmp_path / "a", "max_sessions=2"))
+    assert not [c for c in calls if c[0] == "prefetch"]  # off by default: commits extract turn by turn
+    calls.clear()
+    ahead = run(ecfg(smoke_data, tmp_path / "b", "max_sessions=2", "extract_ahead=true"))
+    sessions = [json.loads(l) for l in (Path(smoke_data) / "jsonl" / "sessions.jsonl").open()][:2]
+    for sess in sessions:
+        mine = [c for c in calls if c[1] == sess["session_id"]]
+        assert mine[0] == ("prefetch", sess["session_id"], [(t["user"], t["assistant"], t["timestamp"]) for t in sess["turns"]])
+        assert [c[2] for c in mine[1:]] == [t["index"] for t in sess["turns"]]  # then every turn, in order
+    assert ahead["gold_in_context"] == base["gold_in_context"]
+    with pytest.raises(Exception, match="extract_ahead"):
+        run(ecfg(smoke_data, tmp_path / "c", "extract_ahead=maybe"))

@@ -44,7 +44,8 @@ def session_fingerprint(sess: dict) -> str:
     return h.hexdigest()[:20]
 
 
-def replay_session(sess: dict, method, answers, budget: int, apply_forget: bool = True) -> tuple[list[dict], list[dict]]:
+def replay_session(sess: dict, method, answers, budget: int, apply_forget: bool = True,
+                   extract_ahead: bool = False) -> tuple[list[dict], list[dict]]:
     """Replay one BranchMemEval session online: (question records, turn records).
 
     A read whose route is None comes from a method that does not localize (its localization is not
@@ -52,6 +53,10 @@ def replay_session(sess: dict, method, answers, budget: int, apply_forget: bool 
     (data_gen/branchmem/forgetting.py) has the method `forget` the named turns at the request (unless
     apply_forget is false: the no-deletion control), the answer cache forget the answers built from
     them, and every later read is checked for the forgotten value (`leak`).
+
+    `extract_ahead`: the method's model extractors run over every turn of the session first, in batches
+    (`Method.prefetch`). Extraction reads the turn alone, so no read sees a later turn; batched decoding
+    may differ from one-at-a-time decoding in the last bits, so it is an option (eval.run extract_ahead).
     """
     from eval.scoring import answer_correct, context_flags, error_category
 
@@ -60,6 +65,8 @@ def replay_session(sess: dict, method, answers, budget: int, apply_forget: bool 
     forget = sess.get("forget")
     unit = f"{method.name}/{sess['session_id']}"
     qrecs, trecs = [], []
+    if extract_ahead:
+        method.prefetch([(t["user"], t["assistant"], t["timestamp"]) for t in sess["turns"]])
     for t in sess["turns"]:
         if t.get("move") == "forget" and apply_forget:
             method.forget(t["forget_turns"])
@@ -128,5 +135,6 @@ def summarize(qrecs: list[dict], trecs: list[dict]) -> dict[str, Any]:
 
 PROTOCOL = Protocol(
     name="branchmem", check=check, load=lambda c: load_sessions(c["data_dir"]), unit_id=lambda s: s["session_id"],
-    replay=lambda s, method, answers, judge, c: replay_session(s, method, answers, c["budget"]), summarize=summarize,
+    replay=lambda s, method, answers, judge, c: replay_session(s, method, answers, c["budget"],
+                                                                  extract_ahead=c.get("extract_ahead", False)), summarize=summarize,
     fingerprint=session_fingerprint)
