@@ -125,8 +125,11 @@ def plan(c: dict, folds: list[list[str]], out: Path) -> list:
         bundle, run_dir = fold / "bundle", fold / "train" / "run"
         mix = ("data.mix=[{dir: " + sup + ", sets: [extraction], kinds: [facts], exclude_sessions: "
                + _list(held) + ", max_rows: " + str(c["mix_max_rows"]) + "}]")
+        # the untuned model's held-out metrics are the same in every fold (same base model, same held-out
+        # BranchMemEval set): the first fold this run trains computes them, the others skip them
+        again = [] if not stages else ["task.compare_baselines=false"]
         stages.append(Stage(f"train_f{k}", [*py, "-m", "arbor_train.train", f"experiment={c['extractor']['experiment']}",
-                                            f"run_dir={run_dir}", mix,
+                                            f"run_dir={run_dir}", mix, *again,
                                             *c["extractor"].get("overrides", [])],
                             what=f"extractor adapter, every kind; LoCoMo facts from every conversation but {held}"))
         stages.append(Stage(f"export_f{k}", [*py, "-m", "arbor_train.export", f"run_dir={run_dir}",

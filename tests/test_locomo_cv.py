@@ -45,6 +45,8 @@ def test_each_fold_trains_without_its_conversations_and_is_scored_only_on_them(t
     for k, held in enumerate(folds):
         train = stages[f"train_f{k}"].command()
         assert f"exclude_sessions: {json.dumps(held, separators=(',', ':'))}" in train
+        # the untuned baseline (same model, same held-out set in every fold) runs in the first fold only
+        assert ("task.compare_baselines=false" in train) == (k > 0)
         ev = stages[f"eval_f{k}"].argv
         units = next(a for a in ev if a.startswith("units="))
         held_out_by_eval += json.loads(units.split("=", 1)[1])
