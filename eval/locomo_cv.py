@@ -165,7 +165,8 @@ def row_name(r: dict) -> str:
     for name, spec in ROWS.items():
         parts = dict(p.split("=", 1) for p in spec.split() if not p.startswith("runtime_overrides"))
         if r["method"] == parts["method"] and r.get("runtime_profile") == parts["runtime_profile"]:
-            return name if r.get("ablation", "full") == "full" else f"tuned without {r['ablation']}"
+            abl = r.get("ablation", "full")  # the ablation config's name: full, or no_<component>
+            return name if abl == "full" else f"tuned without {abl.removeprefix('no_')}"
     return f"{r['method']} ({r.get('runtime_profile')})"
 
 

@@ -127,7 +127,10 @@ def test_cross_session_profiles_share_one_read_policy():
     from arbor_train.runtime import default_config
 
     base = default_config("cross_session")
-    assert base["context"]["layers"][2] == {"layer": "supplemental"}
+    # facts first under a share of the read budget, then the BM25 turns, the routed history after them
+    names = [e["layer"] for e in base["context"]["layers"]]
+    assert base["context"]["layers"][2] == {"layer": "atomic_facts", "share": 0.35}
+    assert names.index("atomic_facts") < names.index("supplemental") < names.index("primary_path")
     for p in ("cross_session_tuned", "cross_session_untuned"):
         assert default_config(p)["context"] == base["context"]
     tuned = default_config("cross_session_tuned")
