@@ -1,6 +1,7 @@
 """The BranchMemEval replay harness: protocol, methods under one budget, answer-independent metrics."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -438,7 +439,8 @@ def test_extract_ahead_hands_every_turn_of_a_session_to_the_method_before_replay
     def build(name, runtime_cfg, components, session_id, *rest):
         m = real(name, runtime_cfg, components, session_id, *rest)
         prefetch, observe = m.prefetch, m.observe
-        m.prefetch = lambda turns: (calls.append(("prefetch", session_id, list(turns))), prefetch(turns))[1]
+        m.prefetch = lambda turns: (calls.append(("prefetch", session_id, list(turns))), time.sleep(1.0),
+                                    prefetch(turns))[2]
         m.observe = lambda turn, *a, **k: (calls.append(("observe", session_id, turn)), observe(turn, *a, **k))[1]
         return m
 
@@ -453,5 +455,8 @@ def test_extract_ahead_hands_every_turn_of_a_session_to_the_method_before_replay
         assert mine[0] == ("prefetch", sess["session_id"], [(t["user"], t["assistant"], t["timestamp"]) for t in sess["turns"]])
         assert [c[2] for c in mine[1:]] == [t["index"] for t in sess["turns"]]  # then every turn, in order
     assert ahead["gold_in_context"] == base["gold_in_context"]
+    # the batched extraction counts as ingest: 1 s per session spread over its turns
+    turns = sum(len(s["turns"]) for s in sessions)
+    assert ahead["ingest_s_per_turn"] >= base["ingest_s_per_turn"] + 0.9 * 2.0 / turns
     with pytest.raises(Exception, match="extract_ahead"):
         run(ecfg(smoke_data, tmp_path / "c", "extract_ahead=maybe"))

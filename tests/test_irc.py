@@ -242,3 +242,28 @@ def test_the_reranker_trains_on_a_mixture_of_branchmem_and_irc_routing(tmp_path,
     assert len(mixed.extras["groups"]["train"]) == len(base.extras["groups"]["train"]) + 3
     assert len(mixed.extras["groups"]["val"]) == len(base.extras["groups"]["val"])
     assert mixed.data_fingerprint != base.data_fingerprint and mixed.data_fingerprint.startswith(base.data_fingerprint)
+
+
+def test_group_chat_candidates_carry_the_reply_structure_around_the_input_speaker(tmp_path):
+    from arbor_train.runtime import ArborMemory, Localization, default_config
+    from arbor_train.runtime.rerank import QUERY_FEATURES, pair_features
+
+    mem = ArborMemory.open(tmp_path / "m.sqlite", "chan", default_config("group_chat"))
+    ids = {}
+    for key, who, text, parent in [("a1", "alice", "how do I mount a usb disk", None),
+                                   ("b1", "bob", "alice: use the mount command", "a1"),
+                                   ("c1", "carol", "grub wants a password", None),
+                                   ("a2", "alice", "bob: it says permission denied", "b1")]:
+        loc = Localization(ids[parent] if parent else None, "gold", 1.0)
+        ids[key] = mem.commit(f"{who}: {text}", "", loc, "10:00", speaker=who).id
+    by_id = {c.node_id: c.channels for c in mem.localize("bob: alice: try sudo", speaker="bob").candidates}
+    a2, c1 = by_id[ids["a2"]], by_id[ids["c1"]]
+    # alice's answer to bob: in bob's conversation, a reply to bob, by the one bob last answered, named by him
+    assert (a2["same_thread"], a2["replied_input"], a2["input_replied"], a2["named_by_input"]) == (1, 1, 1, 1)
+    assert (c1["same_thread"], c1["replied_input"], c1["input_replied"], c1["named_by_input"]) == (0, 0, 0, 0)
+    assert a2["speaker_prior"] == 1.0  # bob wrote one message before
+    cands = mem.localize("dave: hi all, sound is broken", speaker="dave").candidates
+    assert all(c.channels["speaker_prior"] == 0 and c.channels["same_thread"] == 0 for c in cands)
+    q = dict(zip(QUERY_FEATURES, pair_features("dave: hi all, sound is broken", cands)[1]))
+    assert (q["speaker_new"], q["log_speaker_prior"]) == (1.0, 0.0)
+    mem.close()

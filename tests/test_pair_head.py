@@ -42,7 +42,7 @@ def test_group_features_bin_distance_minutes_and_who_names_whom():
 def test_one_user_candidates_have_no_group_features():
     f, q = pair_features("What is Ann's budget?", [cand(1, "Ann budget 900", semantic=0.4)])
     row = dict(zip(PAIR_FEATURES, f[0]))
-    group = PAIR_FEATURES[: PAIR_FEATURES.index("candidate_question") + 1]
+    group = PAIR_FEATURES[: PAIR_FEATURES.index("input_replied") + 1]
     assert all(row[k] == 0.0 for k in group) and row["semantic"] == 0.4
     assert dict(zip(QUERY_FEATURES, q))["group"] == 0.0 and dict(zip(QUERY_FEATURES, q))["question"] == 1.0
 

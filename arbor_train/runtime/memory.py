@@ -140,18 +140,41 @@ class ArborMemory:
         lowered = {n.lower(): n for n in names}
         return list(dict.fromkeys(lowered[w.lower()] for w in words if w.lower() in lowered))
 
-    def _speaker_channels(self, n: Node, speaker: str, names: set[str]) -> dict[str, float]:
+    def _speaker_channels(self, n: Node, speaker: str, names: set[str], ctx: dict) -> dict[str, float]:
         """Group chats: who-talks-to-whom signals of one candidate for the input's speaker. same_speaker:
         the candidate is the input speaker's own message; addresses_input: the candidate names the input's
         speaker; addresses_other: it names someone else; speaker_later: how many messages its speaker
-        wrote since it (0: it is that speaker's latest)."""
+        wrote since it (0: it is that speaker's latest); named_by_input: the input names the candidate's
+        speaker; same_thread: the candidate is in the conversation (tree) of the input speaker's latest
+        message; replied_input: the candidate replies to a message of the input's speaker; input_replied:
+        the input speaker's latest message replies to the candidate's speaker; speaker_prior: how many
+        messages the input's speaker wrote before (`ctx`: what `_speaker_context` found once per input)."""
         lowered = {x.lower() for x in names}
         words = {w.lower() for w in NICK_WORD.findall(n.user_text)} - {n.speaker.lower()}
         named = words & lowered
         return {"same_speaker": float(n.speaker == speaker),
                 "addresses_input": float(speaker.lower() in named),
                 "addresses_other": float(bool(named - {speaker.lower()})),
-                "speaker_later": float(self.store.count_by_speaker_since(self.conv, n.speaker, n.seq))}
+                "speaker_later": float(self.store.count_by_speaker_since(self.conv, n.speaker, n.seq)),
+                "named_by_input": float(n.speaker.lower() in ctx["addressed"]),
+                "same_thread": float(n.root_id == ctx["root"]),
+                "replied_input": float(ctx["parent_speaker"].get(n.parent_id) == speaker),
+                "input_replied": float(n.speaker == ctx["replied_to"]),
+                "speaker_prior": float(ctx["prior"])}
+
+    def _speaker_context(self, text: str, speaker: str, nodes: dict[int, Node]) -> dict:
+        """Once per group-chat input: whom it names, the input speaker's latest message (its conversation and
+        whom it replied to), how many messages that speaker wrote before, and the speakers of the
+        candidates' parents."""
+        mine = self.store.latest_by_speaker(self.conv, speaker, 1)
+        latest = self.store.get_node(mine[0]) if mine else None
+        parents = self.store.get_nodes(sorted({n.parent_id for n in nodes.values() if n.parent_id is not None}
+                                              | ({latest.parent_id} if latest and latest.parent_id else set())))
+        return {"addressed": {x.lower() for x in self.addressed(text)} - {speaker.lower()},
+                "root": latest.root_id if latest else None,
+                "replied_to": parents[latest.parent_id].speaker if latest and latest.parent_id in parents else None,
+                "prior": self.store.count_by_speaker_since(self.conv, speaker, -1),
+                "parent_speaker": {i: p.speaker for i, p in parents.items()}}
 
     def _recall(self, text: str, q_emb: np.ndarray, latest: Node, speaker: str | None = None,
                 now: str | None = None) -> list[Candidate]:
@@ -181,6 +204,7 @@ class ArborMemory:
         ids = sorted(fused, key=lambda i: -fused[i])[: rc["max_candidates"]]
         nodes = self.store.get_nodes(ids)
         names = self.store.speakers(self.conv) if speaker is not None else set()
+        ctx = self._speaker_context(text, speaker, nodes) if speaker is not None else {}
         cands = []
         for i in ids:
             n = nodes[i]
@@ -191,7 +215,7 @@ class ArborMemory:
             if i in addressed_ids:
                 ch["addressed"] = 1.0
             if speaker is not None and n.speaker is not None:
-                ch.update(self._speaker_channels(n, speaker, names))
+                ch.update(self._speaker_channels(n, speaker, names, ctx))
             ch["fused"] = round(fused[i], 5)
             cands.append(Candidate(node_id=i, topic_key=n.topic_key, path_summary=n.path_summary,
                                    node_summary=n.node_summary, entities=n.entities, seq=n.seq,

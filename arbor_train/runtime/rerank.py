@@ -102,10 +102,12 @@ MINUTE_BINS = (0, 1, 3, 7, 15, 60)      # upper edges of the minutes bins; one m
 PAIR_FEATURES = (["group"] + [f"back<={b}" for b in BACK_BINS] + [f"back>{BACK_BINS[-1]}", "log_back"]
                  + [f"minutes<={m}" for m in MINUTE_BINS] + [f"minutes>{MINUTE_BINS[-1]}", "minutes_unknown"]
                  + ["same_speaker", "addressed", "addresses_input", "addresses_other", "speaker_latest",
-                    "log_speaker_later", "candidate_question"]
+                    "log_speaker_later", "candidate_question", "named_by_input", "same_thread", "replied_input",
+                    "input_replied"]
                  + ["semantic", "keyword", "topic", "recent", "recency", "fused"]
                  + ["entity", "lexical", "conflict", "entity_miss"])
-QUERY_FEATURES = ["group", "question", "addresses", "thanks", "greeting", "url", "words<=3", "words<=10", "words>10"]
+QUERY_FEATURES = ["group", "question", "addresses", "thanks", "greeting", "url", "words<=3", "words<=10", "words>10",
+                  "speaker_new", "log_speaker_prior"]
 _THANKS = re.compile(r"\b(thanks|thank you|thx|ty|cheers)\b", re.I)
 _GREETING = re.compile(r"\b(hi|hello|hey|yo|morning|evening)\b", re.I)
 _HEURISTIC = HeuristicReranker()
@@ -131,17 +133,21 @@ def pair_features(query: str, candidates: list[Candidate]) -> tuple[list[list[fl
                     else [0.0] * (len(MINUTE_BINS) + 1) + [1.0])
                  + [ch.get("same_speaker", 0.0), ch.get("addressed", 0.0), ch.get("addresses_input", 0.0),
                     ch.get("addresses_other", 0.0), float(ch.get("speaker_later", 1.0) == 0.0),
-                    math.log1p(ch.get("speaker_later", 0.0)) / math.log(101), float("?" in c.node_summary)])
+                    math.log1p(ch.get("speaker_later", 0.0)) / math.log(101), float("?" in c.node_summary),
+                    ch.get("named_by_input", 0.0), ch.get("same_thread", 0.0), ch.get("replied_input", 0.0),
+                    ch.get("input_replied", 0.0)])
         else:
-            g = [0.0] * (len(BACK_BINS) + len(MINUTE_BINS) + 12)
+            g = [0.0] * (len(BACK_BINS) + len(MINUTE_BINS) + 16)
         rows.append(g + [k["semantic"], float("keyword" in ch), float("topic" in ch), float("recent" in ch),
                          k["recency"], 10.0 * ch.get("fused", 0.0), k["entity"], k["lexical"], k["conflict"],
                          k["entity_miss"]])
     words = len(query.split())
     group = any(c.speaker is not None for c in candidates)
+    prior = next((c.channels["speaker_prior"] for c in candidates if "speaker_prior" in c.channels), None)
     q = [float(group), float("?" in query), max((c.channels.get("addressed", 0.0) for c in candidates), default=0.0),
          float(bool(_THANKS.search(query))), float(bool(_GREETING.search(query))),
-         float("http" in query or "www." in query), float(words <= 3), float(3 < words <= 10), float(words > 10)]
+         float("http" in query or "www." in query), float(words <= 3), float(3 < words <= 10), float(words > 10),
+         float(prior == 0.0), 0.0 if prior is None else min(1.0, math.log1p(prior) / math.log(101))]
     return rows, q
 
 
