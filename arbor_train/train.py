@@ -270,6 +270,7 @@ def train(cfg: DictConfig | dict) -> dict:
     t0 = time.perf_counter()
     trainer.fit(module, train_loader, val_loader, ckpt_path=ckpt)
     elapsed = time.perf_counter() - t0
+    results.update(role.after_fit(c, built))
     trainer.validate(module, val_loader, verbose=False)
     results["metrics"] = module.last_metrics
     results["train_seconds"] = round(elapsed, 2)

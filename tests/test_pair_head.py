@@ -99,3 +99,20 @@ def test_tiny_run_exports_a_head_the_runtime_adds_to_every_candidate(tmp_path, s
     assert [c.score for c in loc.candidates] == pytest.approx(want, abs=1e-5)
     assert any(abs(o) > 1e-4 for o in offs)
     mem.close()
+
+
+def test_pair_refit_fits_the_head_on_whole_candidate_lists_and_exports_the_refit_head(tmp_path, smoke_data):
+    from arbor_train.export import export
+    from arbor_train.runtime import load_bundle
+    from arbor_train.train import train
+    from tests.test_train import tcfg
+
+    res = train(tcfg(tmp_path / "run", smoke_data, "task.pair_features=true", "task.pair_hidden=4",
+                     "+task.pair_refit={max_rows: 60, epochs: 30, lr: 0.01}"))
+    r = res["pair_refit"]
+    assert r["rows"] == 60 and r["pairs"] > 60  # every candidate of each row, not a group of the hardest
+    assert r["loss"] < r["loss_before"]  # the refit lowers the listwise loss over whole lists
+    saved = json.loads((tmp_path / "run" / "final" / "metrics.json").read_text())
+    assert saved["pair_refit"] == r
+    m = load_bundle(export(res["run_dir"], tmp_path / "bundle", log_artifact=False), role="reranker").manifest
+    assert m["new_root_threshold"] == pytest.approx(1 / (1 + math.exp(-m["pair_head"]["root_bias"])), abs=1e-6)

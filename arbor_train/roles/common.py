@@ -229,6 +229,11 @@ class Role:
         trainer.validate(built.module, built.val_loader, verbose=False)
         return {"untuned": dict(built.module.last_metrics)}
 
+    def after_fit(self, c: dict, built: Built) -> dict[str, Any]:
+        """A role's own step after training and before the final validation (the reranker's pair-head
+        refit); what it returns goes into final/metrics.json."""
+        return {}
+
     def extras(self, c: dict, built: Built) -> dict[str, Any]:
         """Role facts for role.json and the bundle manifest (labels, thresholds, kinds)."""
         return {}

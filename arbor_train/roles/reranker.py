@@ -75,6 +75,98 @@ class PairHead(torch.nn.Module):
                 "wq": t(self.query), "root_bias": root_bias}
 
 
+def refit_rows(c: dict) -> list[tuple[str, list[dict], list[int], bool]]:
+    """Routing rows with every recalled candidate, for the pair head's refit (`task.pair_refit`): each
+    data.mix source's routing rows and the main training set's, shuffled (seeded) and capped per source
+    (`max_rows`). Each is (input, candidates, indices of the gold candidates, whether it starts a new root);
+    any state of the gold trajectory counts as gold, as in training."""
+    import random
+
+    r, out = c["task"]["pair_refit"], []
+    dirs = [c["data"]["train_dir"]] + [src["dir"] for src in c["data"].get("mix") or [] if "routing" in src["sets"]]
+    for k, d in enumerate(dirs):
+        rows = list(D.load_sets(d, ["routing"])["routing"])
+        random.Random(c["seed"] + 100 + k).shuffle(rows)
+        kept = []
+        for row in rows:
+            gold = set(row["gold_states"]) | ({row["gold_parent"]} if row["gold_parent"] >= 0 else set())
+            pos = [i for i, x in enumerate(row["candidates"]) if x["turn"] in gold]
+            root = row["gold_parent"] < 0
+            if row["candidates"] and (pos or root):  # no candidate: nothing to rank
+                kept.append((row["input"], list(row["candidates"]), pos, root))
+        out += cap(kept, r.get("max_rows"))
+    return out
+
+
+def refit_pair_head(module: "RerankerModule", tokenizer, c: dict) -> dict[str, Any]:
+    """Refit the pair head and the new-root logit on whole candidate lists, the encoder frozen.
+
+    Training groups hold the gold and a few of the hardest negatives by the runtime's score, while the
+    runtime scores every recalled candidate (24 under the group-chat wide recall): the head never sees
+    most of what it must rank below the gold. Here each row's encoder logits are computed once (no
+    gradient), then the head is fitted listwise over all candidates plus the new-root option."""
+    import numpy as np
+    from tqdm import tqdm
+
+    from ..runtime.rerank import encode_pairs, pair_features
+
+    r, t = c["task"]["pair_refit"], c["task"]
+    rows = refit_rows(c)
+    if not rows:
+        raise ConfigError("option task.pair_refit: no routing rows with a gold candidate to refit the pair head on")
+    model, dev = module.model.eval(), module.device
+    logits, pairs = [], 0
+    with torch.no_grad():  # one row at a time, tokenized as at run time (one input against its candidates)
+        for q, cands, _, _ in tqdm(rows, desc="pair head refit: encoder logits", unit="row"):
+            enc = encode_pairs(tokenizer, [q] * len(cands), [D.candidate_of(x).document() for x in cands],
+                               t["max_length"], padding=True, return_tensors="pt")
+            logits.append(model(**{k: v.to(dev) for k, v in enc.items()}).logits[:, 0].float().cpu())
+            pairs += len(cands)
+    flat = torch.cat(logits)
+    n, nf = max(len(x[1]) for x in rows), None
+    feats, qs, enc_l, mask, ys, k = [], [], torch.zeros(len(rows), n + 1), torch.zeros(len(rows), n + 1, dtype=torch.bool), \
+        torch.zeros(len(rows), n + 1), 0
+    for i, (q, cands, pos, root) in enumerate(rows):
+        f, qf = pair_features(q, [D.candidate_of(x) for x in cands])
+        nf = len(f[0])
+        pad = np.zeros((n, nf), np.float32)
+        pad[: len(f)] = f
+        feats.append(pad)
+        qs.append(qf)
+        enc_l[i, : len(cands)] = flat[k : k + len(cands)]
+        k += len(cands)
+        mask[i, : len(cands)], mask[i, n] = True, True
+        for j in pos:
+            ys[i, j] = 1.0
+        if root:
+            ys[i, n] = 1.0
+    F_, Q_ = torch.tensor(np.stack(feats)), torch.tensor(qs, dtype=torch.float32)
+    head, root_logit = module.pair_head, module.new_root_logit
+    params = [*head.parameters(), root_logit]
+    opt = torch.optim.Adam(params, lr=float(r.get("lr", 3e-3)))
+    g = torch.Generator().manual_seed(c["seed"])
+    batch = int(r.get("batch_rows", 256))
+
+    def loss_of(idx):
+        s = enc_l[idx, :n].to(dev) + head(F_[idx].to(dev).view(-1, nf)).view(len(idx), n)
+        z = torch.cat([s, (root_logit + Q_[idx].to(dev) @ head.query).view(-1, 1)], 1)
+        lp = torch.log_softmax(z.masked_fill(~mask[idx].to(dev), -1e9), 1)
+        return -torch.logsumexp(lp.masked_fill(ys[idx].to(dev) == 0, -1e9), 1).mean()
+
+    with torch.no_grad():
+        before = float(loss_of(torch.arange(len(rows))))
+    with torch.enable_grad():
+        for _ in tqdm(range(int(r.get("epochs", 40))), desc="pair head refit: fit", unit="epoch"):
+            for idx in torch.randperm(len(rows), generator=g).split(batch):
+                opt.zero_grad()
+                loss = loss_of(idx)
+                loss.backward()
+                opt.step()
+    with torch.no_grad():
+        final = float(loss_of(torch.arange(len(rows))))
+    return {"rows": len(rows), "pairs": pairs, "loss_before": round(before, 4), "loss": round(final, 4)}
+
+
 class RerankerModule(RoleModule):
     def __init__(self, model, cfg: dict):
         super().__init__(model, cfg)
@@ -219,6 +311,11 @@ class Reranker(Role):
                            "threshold": rcfg["localization"]["new_root_threshold"]})
         out["heuristic"] = rerank_metrics(groups)
         return out
+
+    def after_fit(self, c: dict, built: Built) -> dict[str, Any]:
+        if not c["task"].get("pair_refit") or built.module.pair_head is None:
+            return {}
+        return {"pair_refit": refit_pair_head(built.module, built.tokenizer, c)}
 
     def extras(self, c: dict, built: Built) -> dict[str, Any]:
         out: dict[str, Any] = {"new_root_threshold": round(built.module.threshold, 6)}
