@@ -62,6 +62,15 @@ def candidate_text(c: dict) -> str:
     return candidate_of(c).document()
 
 
+def gold_turns(row: dict, source: str) -> set[int]:
+    """The turns that count as gold for a routing / localization row: every state of the gold trajectory,
+    and for routing the gold parent (when the message continues one rather than starting a new root)."""
+    out = set(row["gold_states"])
+    if source == "routing" and row["gold_parent"] >= 0:
+        out.add(row["gold_parent"])
+    return out
+
+
 @dataclass
 class RerankGroup:
     query: str
@@ -79,17 +88,14 @@ def rerank_groups(rows, source: str, group_size: int, include_new_root: bool = T
     out = []
     for r in rows:
         cands = list(r["candidates"])
-        gold_turns = set(r["gold_states"])
-        if source == "routing" and r["gold_parent"] >= 0:
-            gold_turns.add(r["gold_parent"])
-        golds = [c for c in cands if c["turn"] in gold_turns]
+        gold = gold_turns(r, source)
+        golds = [c for c in cands if c["turn"] in gold]
         new_root = source == "routing" and r["gold_parent"] < 0
         if not golds and not (new_root and include_new_root):
             continue
-        negs = sorted((c for c in cands if c["turn"] not in gold_turns), key=lambda c: -c["runtime_score"])
+        negs = sorted((c for c in cands if c["turn"] not in gold), key=lambda c: -c["runtime_score"])
         if golds:
-            gold = max(golds, key=lambda c: c["turn"])
-            docs = [gold] + negs[: group_size - 1]
+            docs = [max(golds, key=lambda c: c["turn"])] + negs[: group_size - 1]
         else:
             docs = negs[:group_size]
         if not docs:

@@ -89,7 +89,7 @@ def refit_rows(c: dict) -> list[tuple[str, list[dict], list[int], bool]]:
         random.Random(c["seed"] + 100 + k).shuffle(rows)
         kept = []
         for row in rows:
-            gold = set(row["gold_states"]) | ({row["gold_parent"]} if row["gold_parent"] >= 0 else set())
+            gold = D.gold_turns(row, "routing")
             pos = [i for i, x in enumerate(row["candidates"]) if x["turn"] in gold]
             root = row["gold_parent"] < 0
             if row["candidates"] and (pos or root):  # no candidate: nothing to rank
@@ -108,39 +108,31 @@ def refit_pair_head(module: "RerankerModule", tokenizer, c: dict) -> dict[str, A
     import numpy as np
     from tqdm import tqdm
 
-    from ..runtime.rerank import encode_pairs, pair_features
+    from ..runtime.rerank import PAIR_FEATURES, encode_pairs, pair_features
 
     r, t = c["task"]["pair_refit"], c["task"]
     rows = refit_rows(c)
     if not rows:
         raise ConfigError("option task.pair_refit: no routing rows with a gold candidate to refit the pair head on")
     model, dev = module.model.eval(), module.device
-    logits, pairs = [], 0
+    n, nf = max(len(x[1]) for x in rows), len(PAIR_FEATURES)
+    feats, qs = np.zeros((len(rows), n, nf), np.float32), []
+    enc_l, ys = torch.zeros(len(rows), n + 1), torch.zeros(len(rows), n + 1)
+    mask, pairs = torch.zeros(len(rows), n + 1, dtype=torch.bool), 0
     with torch.no_grad():  # one row at a time, tokenized as at run time (one input against its candidates)
-        for q, cands, _, _ in tqdm(rows, desc="pair head refit: encoder logits", unit="row"):
-            enc = encode_pairs(tokenizer, [q] * len(cands), [D.candidate_of(x).document() for x in cands],
+        for i, (q, rows_c, pos, root) in enumerate(tqdm(rows, desc="pair head refit: encoder logits", unit="row")):
+            cands = [D.candidate_of(x) for x in rows_c]
+            enc = encode_pairs(tokenizer, [q] * len(cands), [x.document() for x in cands],
                                t["max_length"], padding=True, return_tensors="pt")
-            logits.append(model(**{k: v.to(dev) for k, v in enc.items()}).logits[:, 0].float().cpu())
+            enc_l[i, : len(cands)] = model(**{k: v.to(dev) for k, v in enc.items()}).logits[:, 0].float().cpu()
+            f, qf = pair_features(q, cands)
+            feats[i, : len(cands)] = f
+            qs.append(qf)
+            mask[i, : len(cands)], mask[i, n] = True, True
+            ys[i, pos] = 1.0
+            ys[i, n] = float(root)
             pairs += len(cands)
-    flat = torch.cat(logits)
-    n, nf = max(len(x[1]) for x in rows), None
-    feats, qs, enc_l, mask, ys, k = [], [], torch.zeros(len(rows), n + 1), torch.zeros(len(rows), n + 1, dtype=torch.bool), \
-        torch.zeros(len(rows), n + 1), 0
-    for i, (q, cands, pos, root) in enumerate(rows):
-        f, qf = pair_features(q, [D.candidate_of(x) for x in cands])
-        nf = len(f[0])
-        pad = np.zeros((n, nf), np.float32)
-        pad[: len(f)] = f
-        feats.append(pad)
-        qs.append(qf)
-        enc_l[i, : len(cands)] = flat[k : k + len(cands)]
-        k += len(cands)
-        mask[i, : len(cands)], mask[i, n] = True, True
-        for j in pos:
-            ys[i, j] = 1.0
-        if root:
-            ys[i, n] = 1.0
-    F_, Q_ = torch.tensor(np.stack(feats)), torch.tensor(qs, dtype=torch.float32)
+    F_, Q_ = torch.from_numpy(feats), torch.tensor(qs, dtype=torch.float32)
     head, root_logit = module.pair_head, module.new_root_logit
     params = [*head.parameters(), root_logit]
     opt = torch.optim.Adam(params, lr=float(r.get("lr", 3e-3)))

@@ -130,17 +130,18 @@ class ArborMemory:
     def embed(self, text: str) -> np.ndarray:
         return self.embedder.encode([text])[0]
 
-    def addressed(self, text: str) -> list[str]:
-        """Known speakers of this conversation that the text names as a word ("dave: try this", "thanks
-        dave"), in order of first mention (group chats: the people a message addresses)."""
-        names = self.store.speakers(self.conv)
+    def addressed(self, text: str, names: set[str] | None = None) -> list[str]:
+        """Known speakers of this conversation (`names`, else read from the store) that the text names as a
+        word ("dave: try this", "thanks dave"), in order of first mention (group chats: the people a
+        message addresses)."""
+        names = self.store.speakers(self.conv) if names is None else names
         if not names:
             return []
         words = NICK_WORD.findall(text)
         lowered = {n.lower(): n for n in names}
         return list(dict.fromkeys(lowered[w.lower()] for w in words if w.lower() in lowered))
 
-    def _speaker_channels(self, n: Node, speaker: str, names: set[str], ctx: dict) -> dict[str, float]:
+    def _speaker_channels(self, n: Node, speaker: str, ctx: dict) -> dict[str, float]:
         """Group chats: who-talks-to-whom signals of one candidate for the input's speaker. same_speaker:
         the candidate is the input speaker's own message; addresses_input: the candidate names the input's
         speaker; addresses_other: it names someone else; speaker_later: how many messages its speaker
@@ -149,9 +150,8 @@ class ArborMemory:
         message; replied_input: the candidate replies to a message of the input's speaker; input_replied:
         the input speaker's latest message replies to the candidate's speaker; speaker_prior: how many
         messages the input's speaker wrote before (`ctx`: what `_speaker_context` found once per input)."""
-        lowered = {x.lower() for x in names}
         words = {w.lower() for w in NICK_WORD.findall(n.user_text)} - {n.speaker.lower()}
-        named = words & lowered
+        named = words & ctx["names"]
         return {"same_speaker": float(n.speaker == speaker),
                 "addresses_input": float(speaker.lower() in named),
                 "addresses_other": float(bool(named - {speaker.lower()})),
@@ -162,15 +162,16 @@ class ArborMemory:
                 "input_replied": float(n.speaker == ctx["replied_to"]),
                 "speaker_prior": float(ctx["prior"])}
 
-    def _speaker_context(self, text: str, speaker: str, nodes: dict[int, Node]) -> dict:
-        """Once per group-chat input: whom it names, the input speaker's latest message (its conversation and
-        whom it replied to), how many messages that speaker wrote before, and the speakers of the
-        candidates' parents."""
+    def _speaker_context(self, speaker: str, names: set[str], addressed: list[str], nodes: dict[int, Node]) -> dict:
+        """Once per group-chat input: the conversation's speakers (`names`, lowered), whom the input names
+        (`addressed`), the input speaker's latest message (its conversation and whom it replied to), how
+        many messages that speaker wrote before, and the speakers of the candidates' parents."""
         mine = self.store.latest_by_speaker(self.conv, speaker, 1)
         latest = self.store.get_node(mine[0]) if mine else None
         parents = self.store.get_nodes(sorted({n.parent_id for n in nodes.values() if n.parent_id is not None}
-                                              | ({latest.parent_id} if latest and latest.parent_id else set())))
-        return {"addressed": {x.lower() for x in self.addressed(text)} - {speaker.lower()},
+                                              | ({latest.parent_id} if latest and latest.parent_id is not None else set())))
+        return {"names": {x.lower() for x in names},
+                "addressed": {x.lower() for x in addressed} - {speaker.lower()},
                 "root": latest.root_id if latest else None,
                 "replied_to": parents[latest.parent_id].speaker if latest and latest.parent_id in parents else None,
                 "prior": self.store.count_by_speaker_since(self.conv, speaker, -1),
@@ -195,16 +196,17 @@ class ArborMemory:
         add("recent", [(i, 1.0) for i in (self.store.recent_ids(self.conv, k_recent) if k_recent > 1 else [latest.id])])
         k_addr = int(rc.get("k_addressed", 0))
         addressed_ids: set[int] = set()
+        names = self.store.speakers(self.conv) if speaker is not None or k_addr > 0 else set()
+        addressed = self.addressed(text, names) if names else []
         if k_addr > 0:  # group chats: the latest messages of the people this one addresses
-            for name in self.addressed(text):
+            for name in addressed:
                 if name != speaker:
                     ids = self.store.latest_by_speaker(self.conv, name, k_addr)
                     addressed_ids.update(ids)
                     add("addressed", [(i, 1.0) for i in ids])
         ids = sorted(fused, key=lambda i: -fused[i])[: rc["max_candidates"]]
         nodes = self.store.get_nodes(ids)
-        names = self.store.speakers(self.conv) if speaker is not None else set()
-        ctx = self._speaker_context(text, speaker, nodes) if speaker is not None else {}
+        ctx = self._speaker_context(speaker, names, addressed, nodes) if speaker is not None else {}
         cands = []
         for i in ids:
             n = nodes[i]
@@ -215,7 +217,7 @@ class ArborMemory:
             if i in addressed_ids:
                 ch["addressed"] = 1.0
             if speaker is not None and n.speaker is not None:
-                ch.update(self._speaker_channels(n, speaker, names, ctx))
+                ch.update(self._speaker_channels(n, speaker, ctx))
             ch["fused"] = round(fused[i], 5)
             cands.append(Candidate(node_id=i, topic_key=n.topic_key, path_summary=n.path_summary,
                                    node_summary=n.node_summary, entities=n.entities, seq=n.seq,
