@@ -28,7 +28,8 @@ CANDIDATE = {
     "minutes": Value("int32"),
 }
 # candidate fields a row may leave out or null (sets written before group chats read as one-user rows)
-OPTIONAL = {"speaker", "back", "minutes"}
+# (and questions may leave out their specificity: sets written before levels existed are all explicit)
+OPTIONAL = {"speaker", "back", "minutes", "specificity"}
 _BASE = {"session_id": Value("string"), "turn": Value("int32"), "input": Value("string"),
          "timestamp": Value("string")}
 
@@ -40,7 +41,7 @@ SCHEMAS: dict[str, Features] = {
                    "is_question": Value("bool"), "gold_parent": Value("int32")}],
         "questions": [{"turn": Value("int32"), "type": Value("string"), "dimension": Value("string"),
                        "gold": Value("string"), "confounder": Value("string"), "branch": Value("int32"),
-                       "confounder_branch": Value("int32")}],
+                       "confounder_branch": Value("int32"), "specificity": Value("string")}],
         "plan": Value("string"),       # JSON of the full plan (branches, slots, moves)
     }),
     # label_rule: "plan" for generated sets; the weak-label rule that produced gold_parent for LoCoMo

@@ -91,6 +91,64 @@ def category_table(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
+def specificity_table(rows: list[dict]) -> str:
+    """BranchMemEval runs split by question specificity (data_gen/branchmem/plan.py SPECIFICITY): per level,
+    gold in context / confounder in context / gold without the confounder / state localization, and
+    accuracy where answered ("" when no run has more than one level)."""
+    from data_gen.branchmem.plan import SPECIFICITY
+
+    rows = [r for r in rows if len(r.get("by_specificity") or {}) > 1]
+    if not rows:
+        return ""
+    levels = [lv for lv in SPECIFICITY if any(lv in r["by_specificity"] for r in rows)]
+    answered = any("accuracy" in x for r in rows for x in r["by_specificity"].values())
+    head = "gold / confounder / gold only / localization" + (" / accuracy" if answered else "")
+    out = ["| method | ablation | budget | " + " | ".join(
+        f"{lv} (n={max(r['by_specificity'].get(lv, {}).get('questions', 0) for r in rows)}): {head}" for lv in levels) + " |",
+           "|---|---|---:|" + "---|" * len(levels)]
+    keys = ("gold_in_context", "confounder_in_context", "gold_without_confounder", "state_localization") + (
+        ("accuracy",) if answered else ())
+    for r in sorted(rows, key=lambda r: (label(r), r.get("ablation", ""), r.get("budget", 0))):
+        cells = [" / ".join(_fmt(r["by_specificity"][lv].get(k)) for k in keys) if lv in r["by_specificity"] else "—"
+                 for lv in levels]
+        out.append(f"| {label(r)} | {r.get('ablation', 'full')} | {r.get('budget')} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def specificity_plot(rows: list[dict], out: Path) -> Path | None:
+    """Gold in context against the read budget, one panel per specificity level, one line per method
+    (full runs only); None when no run has more than one level or no method has two budgets."""
+    import matplotlib.pyplot as plt
+
+    from data_gen.branchmem.plan import SPECIFICITY
+
+    rows = [r for r in rows if len(r.get("by_specificity") or {}) > 1 and r.get("ablation", "full") == "full"]
+    levels = [lv for lv in SPECIFICITY if any(lv in r["by_specificity"] for r in rows)]
+    lines: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        for lv in levels:
+            if lv in r["by_specificity"]:
+                lines[lv][label(r)].append((r["budget"], r["by_specificity"][lv]["gold_without_confounder"]))
+    if not any(len(p) > 1 for by in lines.values() for p in by.values()):
+        return None
+    fig, axes = plt.subplots(1, len(levels), figsize=(4.2 * len(levels), 3.8), sharey=True, squeeze=False)
+    for ax, lv in zip(axes[0], levels):
+        for name, pts in sorted(lines[lv].items()):
+            pts.sort()
+            ax.plot([b for b, _ in pts], [m for _, m in pts], marker="o", label=name)
+        n = max(r["by_specificity"].get(lv, {}).get("questions", 0) for r in rows)
+        ax.set_title(f"{lv} questions (n={n})")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("read budget (tokens)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("gold in context, confounder not")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "specificity_curve.png", dpi=120)
+    plt.close(fig)
+    return out / "specificity_curve.png"
+
+
 def plots(rows: list[dict], out: Path) -> list[Path]:
     import matplotlib
 
@@ -165,6 +223,8 @@ def plots(rows: list[dict], out: Path) -> list[Path]:
         fig.savefig(out / "error_categories.png", dpi=120)
         plt.close(fig)
         written.append(out / "error_categories.png")
+    if (spec := specificity_plot(rows, out)) is not None:
+        written.append(spec)
     return written
 
 
@@ -182,6 +242,9 @@ def report(paths: list[str | Path], out: str | Path) -> dict:
     md = table(rows)
     if acc := accuracy_table(rows):
         md += "\nAnswer accuracy per dimension and question type, and error categories:\n\n" + acc
+    if spec := specificity_table(rows):
+        md += "\nPer question specificity (gold in context / confounder in context / gold without the confounder / " \
+              "state localization at questions):\n\n" + spec
     if cat := category_table(rows):
         md += "\nPer LoCoMo category (evidence recall / answer-token recall):\n\n" + cat
     (out / "table.md").write_text(md)

@@ -53,7 +53,9 @@ def test_formal_preset_has_the_paper_composition(formal):
                                               "event_count", "event_sum", "parallel_fact"}
     assert set(stats["questions_by_dimension"]) == {"interleaving", "delayed_resumption", "parallel_confusion"}
     v = stats["validation"]
-    assert v["sessions_valid"] == 33 and v["rules"] == ["support", "no_leak", "confounder", "delayed", "distinct"]
+    assert v["sessions_valid"] == 33 and v["rules"] == ["support", "no_leak", "confounder", "delayed", "distinct",
+                                                        "specificity"]
+    assert stats["questions_by_specificity"] == {"explicit": 100}  # the paper's set: every question explicit
     # every rule ran on every realized session: the accepted ones and the regenerated attempts, less the
     # attempts whose plan failed before there was a session to check
     assert v["checks_run"] == len(v["rules"]) * (v["sessions_valid"] + v["regenerated"] - v["plan_errors"])
@@ -145,6 +147,9 @@ def test_existing_out_dir_is_never_replaced_silently(formal):
     (["command=benchmark", "bench.sessions=0"], r"option bench\.sessions must be at least 1"),
     (["preset.total_turns=10"], r"option preset\.total_turns=10 cannot be split into preset\.sessions=33 sessions"),
     (["command=merge", "merge_from=[/no/such/shard]"], "option merge_from names '/no/such/shard'"),
+    (["+preset.specificity.vague=1.0"], r"option preset\.specificity \(a level\) must be one of explicit, partial, referential"),
+    (["preset.specificity.explicit=0"], r"option preset\.specificity: the shares sum to 0"),
+    (["preset.specificity.explicit=lots"], r"option preset\.specificity\.explicit must be a number"),
 ])
 def test_bad_options_fail_with_the_option_named(overrides, msg, tmp_path):
     from arbor_train.errors import ConfigError
@@ -275,6 +280,111 @@ def test_rule_distinct_catches_indistinguishable_parallel_branches(valid_session
     partner = plan.branches[b.partner]
     partner.owner = b.owner
     assert "distinct" in validate_session(plan, turns, p["delay_min"])
+
+
+# ---------------------------------------------------------------- specificity levels (preset formal_mixed)
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    out = tmp_path_factory.mktemp("mixed") / "set"
+    stats = run(cfg("preset=formal_mixed", "seed=0", "mine=false", f"out_dir={out}"))
+    return out, stats
+
+
+def test_formal_mixed_keeps_the_composition_and_counts_each_level(mixed, capsys):
+    out, stats = mixed
+    assert stats["sessions"] == 33 and stats["questions"] == 100 and stats["non_question_turns"] == 1442
+    assert stats["turns_per_session"] == {"min": 42, "max": 52, "mean": 46.73}
+    levels = stats["questions_by_specificity"]
+    assert sum(levels.values()) == 100 and all(levels.get(k, 0) >= 15 for k in ("explicit", "partial", "referential"))
+    rows = [json.loads(x) for x in (out / "jsonl" / "sessions.jsonl").read_text().splitlines()]
+    got = {}
+    for r in rows:
+        for q in r["questions"]:
+            got[q["specificity"]] = got.get(q["specificity"], 0) + 1
+            if q["specificity"] == "referential":  # right after a statement of its own branch
+                prev = r["turns"][q["turn"] - 1]
+                assert prev["branch"] == q["branch"] and not prev["is_question"]
+                assert q["type"] != "delayed_fact"
+    assert got == levels
+    card = (out / "README.md").read_text()
+    assert f"| all | {levels['explicit']} | {levels['partial']} | {levels['referential']} |" in card
+
+
+def test_question_texts_at_each_level_vary(mixed):
+    """No level is one fixed phrasing: its questions open with several different words."""
+    out, _ = mixed
+    rows = [json.loads(x) for x in (out / "jsonl" / "sessions.jsonl").read_text().splitlines()]
+    openings: dict[str, set] = {}
+    for r in rows:
+        for q in r["questions"]:
+            openings.setdefault(q["specificity"], set()).add(r["turns"][q["turn"]]["user"].split()[0])
+    assert len(openings["partial"]) >= 4 and len(openings["referential"]) >= 4
+
+
+@pytest.fixture(scope="module")
+def mixed_session():
+    p = preset("formal_mixed")
+    targets = session_targets(p, 0)
+    for i in range(33):
+        plan, turns, _ = build_session(i, p, 0, targets)
+        levels = {t.question["specificity"] for t in turns if t.is_question}
+        if {"explicit", "partial", "referential"} <= levels:
+            assert validate_session(plan, turns, p["delay_min"]) == {}
+            return p, plan, turns
+    raise AssertionError("no formal_mixed session with questions at every level")
+
+
+def _level(turns, level):
+    return next(t for t in turns if t.is_question and t.question["specificity"] == level)
+
+
+def test_rule_specificity_explicit_must_name_the_owner(mixed_session):
+    p, plan, turns = copy.deepcopy(mixed_session)
+    q = _level(turns, "explicit")
+    q.user = q.user.replace(f"{plan.branches[q.branch].first}'s ", "the ").replace(plan.branches[q.branch].first, "they")
+    assert "specificity" in validate_session(plan, turns, p["delay_min"])
+
+
+def test_rule_specificity_partial_names_the_task_and_no_owner(mixed_session):
+    p, plan, turns = copy.deepcopy(mixed_session)
+    q = _level(turns, "partial")
+    b = plan.branches[q.branch]
+    q.user = q.user + f" ({b.first} asked)"  # an owner named: no longer partial
+    assert "specificity" in validate_session(plan, turns, p["delay_min"])
+    p, plan, turns = copy.deepcopy(mixed_session)
+    q = _level(turns, "partial")
+    b = plan.branches[q.branch]
+    q.user = q.user.replace(b.title, "that thing")  # no anchor left: not partial either
+    assert "specificity" in validate_session(plan, turns, p["delay_min"])
+
+
+def test_rule_specificity_referential_has_no_anchor_and_follows_its_branch(mixed_session):
+    p, plan, turns = copy.deepcopy(mixed_session)
+    q = _level(turns, "referential")
+    partner = plan.branches[plan.branches[q.branch].partner]
+    q.user = q.user.rstrip("?") + f" for the {partner.title}?"  # names a task
+    assert "specificity" in validate_session(plan, turns, p["delay_min"])
+    p, plan, turns = copy.deepcopy(mixed_session)
+    q = _level(turns, "referential")
+    turns[q.index - 1].branch = plan.branches[q.branch].partner  # its branch is no longer the current one
+    fails = validate_session(plan, turns, p["delay_min"])
+    assert any("does not directly follow" in m for m in fails.get("specificity", []))
+
+
+def test_levels_draw_from_their_own_random_stream():
+    """Drawing levels leaves every other turn as it was: preset formal (all explicit) realizes exactly the
+    turns it did before levels existed, and a partial share changes only the question texts."""
+    p = preset("formal")
+    q = dict(p, specificity={"explicit": 0.5, "partial": 0.5})
+    for i in (0, 3):
+        _, turns_a, _ = build_session(i, p, 0, session_targets(p, 0))
+        _, turns_b, _ = build_session(i, q, 0, session_targets(q, 0))
+        assert [(t.user, t.assistant) for t in turns_a if not t.is_question] == \
+            [(t.user, t.assistant) for t in turns_b if not t.is_question]
+        assert [t.index for t in turns_a if t.is_question] == [t.index for t in turns_b if t.is_question]
+    levels = [t.question["specificity"] for i in range(6) for t in build_session(i, q, 0, session_targets(q, 0))[1]
+              if t.is_question]
+    assert "partial" in levels and "explicit" in levels
 
 
 def test_lexicons_are_large_and_clean():

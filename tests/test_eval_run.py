@@ -460,3 +460,42 @@ def test_extract_ahead_hands_every_turn_of_a_session_to_the_method_before_replay
     assert ahead["ingest_s_per_turn"] >= base["ingest_s_per_turn"] + 0.9 * 2.0 / turns
     with pytest.raises(Exception, match="extract_ahead"):
         run(ecfg(smoke_data, tmp_path / "c", "extract_ahead=maybe"))
+
+
+def test_branchmem_summary_and_report_split_by_specificity(tmp_path):
+    """Per level: the shares worked out by hand from six question records, the table row they make, and the
+    per-level budget curve."""
+    from eval.protocols.branchmem import by_specificity
+    from eval.report import specificity_table, plots
+
+    def rec(level, gold, conf, loc, correct=None):
+        r = {"specificity": level, "gold_in_context": gold, "confounder_in_context": conf, "localization_correct": loc}
+        if correct is not None:
+            r["correct"] = correct
+        return r
+
+    recs = [rec("explicit", True, True, True), rec("explicit", True, False, True), rec("explicit", False, False, False),
+            rec("referential", True, False, True), rec("referential", False, True, False),
+            {"gold_in_context": True, "confounder_in_context": False, "localization_correct": None}]  # before levels: explicit
+    got = by_specificity(recs)
+    assert list(got) == ["explicit", "referential"]
+    assert got["explicit"] == {"questions": 4, "gold_in_context": 0.75, "confounder_in_context": 0.25,
+                               "gold_without_confounder": 0.5, "state_localization": round(2 / 3, 4)}
+    assert got["referential"] == {"questions": 2, "gold_in_context": 0.5, "confounder_in_context": 0.5,
+                                  "gold_without_confounder": 0.5, "state_localization": 0.5}
+    answered = by_specificity([rec("partial", True, False, True, True), rec("partial", True, True, True, False)])
+    assert answered["partial"]["accuracy"] == 0.5
+
+    rows = [{"benchmark": "branchmem", "method": m, "runtime_profile": "default", "ablation": "full", "budget": b,
+             "gold_in_context": 0.5, "by_specificity": {"explicit": dict(got["explicit"], gold_without_confounder=e),
+                                                        "referential": dict(got["referential"], gold_without_confounder=r)}}
+            for m, b, e, r in [("bm25", 512, 0.5, 0.25), ("bm25", 1024, 0.75, 0.5), ("arbormem", 512, 0.5, 0.5),
+                               ("arbormem", 1024, 0.75, 1.0)]]
+    lines = specificity_table(rows).splitlines()
+    assert lines[0].startswith("| method | ablation | budget | explicit (n=4): gold / confounder / gold only / localization |")
+    assert lines[2] == "| arbormem | full | 512 | 0.75 / 0.25 / 0.5 / 0.6667 | 0.5 / 0.5 / 0.5 / 0.5 |"
+    assert lines[5] == "| bm25 | full | 1024 | 0.75 / 0.25 / 0.75 / 0.6667 | 0.5 / 0.5 / 0.5 / 0.5 |"
+    assert "specificity_curve.png" in [p.name for p in plots(rows, tmp_path)]
+    one_level = [dict(r, by_specificity={"explicit": got["explicit"]}) for r in rows]
+    (tmp_path / "x").mkdir()
+    assert specificity_table(one_level) == "" and "specificity_curve.png" not in [p.name for p in plots(one_level, tmp_path / "x")]

@@ -80,7 +80,26 @@ def _preset(cfg: DictConfig) -> dict:
                           f"({', '.join(QUESTION_TYPES)}), got {qtypes!r}")
     for k, t in enumerate(qtypes):
         parse_choice(t, f"preset.question_types[{k}]", QUESTION_TYPES)
+    p["specificity"] = _specificity(p.get("specificity"))
     return p
+
+
+def _specificity(spec) -> dict[str, float]:
+    """preset.specificity: the share of questions at each level (SPECIFICITY), normalised; default all explicit."""
+    from .plan import SPECIFICITY
+
+    if spec is None:
+        return {"explicit": 1.0}
+    if not isinstance(spec, dict) or not spec:
+        raise ConfigError(f"option preset.specificity must map levels ({', '.join(SPECIFICITY)}) to shares, got {spec!r}")
+    out = {}
+    for k, v in spec.items():
+        parse_choice(k, "preset.specificity (a level)", SPECIFICITY)
+        out[k] = parse_float(v, f"preset.specificity.{k}", minimum=0.0)
+    total = sum(out.values())
+    if total <= 0:
+        raise ConfigError(f"option preset.specificity: the shares sum to 0 ({spec!r}); give at least one level a share")
+    return {k: v / total for k, v in out.items()}
 
 
 def check_options(cfg: DictConfig) -> dict:
@@ -162,6 +181,7 @@ def _run(cfg: DictConfig) -> dict:
         print(f"wrote {out}: {n} sessions, {stats['questions']} questions, {stats['non_question_turns']} "
               f"non-question turns, turns/session {stats['turns_per_session']}; generated in {elapsed:.1f}s "
               f"({n / max(elapsed, 1e-9):.1f} sessions/s), {total:.1f}s with writing")
+        print("questions by specificity: " + ", ".join(f"{k} {v}" for k, v in stats["questions_by_specificity"].items()))
         print(f"validation: {stats['validation']}")
         return stats
     if cmd == "merge":

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 from data_gen.io import SetWriter
 
-from .plan import PlanError, allocate, plan_session
+from .plan import SPECIFICITY, PlanError, allocate, plan_session
 from .realize import Turn, realize
 from .validate import RULES, validate_session
 
@@ -87,7 +87,8 @@ def session_row(plan, turns: list[Turn]) -> dict:
                    "gold_parent": -1 if t.gold_parent is None else t.gold_parent} for t in turns],
         "questions": [{"turn": t.index, "type": t.question["type"], "dimension": t.question["dimension"],
                        "gold": t.question["gold"], "confounder": t.question["confounder"], "branch": t.branch,
-                       "confounder_branch": t.question["confounder_branch"]} for t in turns if t.is_question],
+                       "confounder_branch": t.question["confounder_branch"],
+                       "specificity": t.question.get("specificity", "explicit")} for t in turns if t.is_question],
         "plan": json.dumps(plan.to_json(), sort_keys=True),
     }
 
@@ -121,7 +122,7 @@ def summarize(rows: dict[str, list[dict]]) -> dict:
     loc = rows.get("localization", [])
     return {
         "turns": len(sess["turns"]), "n_branches": sess["n_branches"],
-        "questions": [(q["type"], q["dimension"]) for q in sess["questions"]],
+        "questions": [(q["type"], q["dimension"], q["specificity"]) for q in sess["questions"]],
         "distractors": sum(t["move"] == "distractor" for t in sess["turns"]),
         "routing": [len(routing), sum(r["gold_recalled"] for r in routing), sum(r["gold_parent"] < 0 for r in routing)],
         "localization": [len(loc), sum(any(c["recalled"] and c["turn"] in set(x["gold_states"]) for c in x["candidates"])
@@ -165,7 +166,7 @@ def iter_sessions(indices: list[int], p: dict, seed: int, runtime_cfg: dict | No
 # ---------------------------------------------------------------------- statistics and card
 def new_counts() -> dict:
     return {"sessions": 0, "turns": 0, "turns_min": None, "turns_max": None, "questions": 0, "branches": {},
-            "by_type": {}, "by_dimension": {}, "distractors": 0, "routing": [0, 0, 0], "localization": [0, 0]}
+            "by_type": {}, "by_dimension": {}, "by_specificity": {}, "by_specificity_type": {}, "distractors": 0, "routing": [0, 0, 0], "localization": [0, 0]}
 
 
 def add_summary(c: dict, s: dict) -> None:
@@ -176,9 +177,12 @@ def add_summary(c: dict, s: dict) -> None:
     c["questions"] += len(s["questions"])
     k = str(s["n_branches"])
     c["branches"][k] = c["branches"].get(k, 0) + 1
-    for t, d in s["questions"]:
+    for t, d, level in s["questions"]:
         c["by_type"][t] = c["by_type"].get(t, 0) + 1
         c["by_dimension"][d] = c["by_dimension"].get(d, 0) + 1
+        c["by_specificity"][level] = c["by_specificity"].get(level, 0) + 1
+        k = f"{level}/{t}"
+        c["by_specificity_type"][k] = c["by_specificity_type"].get(k, 0) + 1
     c["distractors"] += s["distractors"]
     c["routing"] = [a + b for a, b in zip(c["routing"], s["routing"])]
     c["localization"] = [a + b for a, b in zip(c["localization"], s["localization"])]
@@ -191,8 +195,8 @@ def merge_counts(a: dict, b: dict) -> dict:
         out["turns"] += c["turns"]
         out["questions"] += c["questions"]
         out["distractors"] += c["distractors"]
-        for key in ("branches", "by_type", "by_dimension"):
-            for k, v in c[key].items():
+        for key in ("branches", "by_type", "by_dimension", "by_specificity", "by_specificity_type"):
+            for k, v in c.get(key, {}).items():
                 out[key][k] = out[key].get(k, 0) + v
         out["routing"] = [x + y for x, y in zip(out["routing"], c["routing"])]
         out["localization"] = [x + y for x, y in zip(out["localization"], c["localization"])]
@@ -214,6 +218,7 @@ def compute_stats(c: dict, validation: dict, supervision: dict[str, int]) -> dic
         "branches_per_session": dict(sorted(c["branches"].items())),
         "questions_by_type": dict(sorted(c["by_type"].items())),
         "questions_by_dimension": dict(sorted(c["by_dimension"].items())),
+        "questions_by_specificity": {k: c["by_specificity"][k] for k in SPECIFICITY if k in c["by_specificity"]},
         "distractor_turns": c["distractors"],
         "validation": validation,
         "supervision": {k: v for k, v in supervision.items() if k != "sessions"},
@@ -269,6 +274,13 @@ def card(stats: dict, cfg_text: str, sample: dict) -> str:
         "| dimension | count |", "|---|---:|",
         *[f"| {k} | {n} |" for k, n in stats["questions_by_dimension"].items()],
         "",
+        "Specificity (how a question names its trajectory; `data_gen/branchmem/plan.py` SPECIFICITY):",
+        "",
+        "| question type | " + " | ".join(SPECIFICITY) + " |", "|---|" + "---:|" * len(SPECIFICITY),
+        *[f"| {t} | " + " | ".join(str(stats["counts"]["by_specificity_type"].get(f"{lv}/{t}", 0)) for lv in SPECIFICITY)
+          + " |" for t in stats["questions_by_type"]],
+        "| all | " + " | ".join(str(stats["questions_by_specificity"].get(lv, 0)) for lv in SPECIFICITY) + " |",
+        "",
         "## Validation",
         "",
         f"{v['checks_run']:,} checks run over {v['sessions_valid']:,} accepted sessions; "
@@ -295,7 +307,7 @@ def card(stats: dict, cfg_text: str, sample: dict) -> str:
         lines.append(f"        A: {t['assistant']}")
     lines += ["```", "", "Questions of that session:", ""]
     for q in sample["questions"]:
-        lines.append(f"- turn {q['turn']} ({q['type']}, {q['dimension']}): gold `{q['gold']}`, "
+        lines.append(f"- turn {q['turn']} ({q['type']}, {q['dimension']}, {q['specificity']}): gold `{q['gold']}`, "
                      f"confounder `{q['confounder']}`")
     lines += ["", "## Configuration", "", "```yaml", cfg_text.strip(), "```", ""]
     return "\n".join(lines)

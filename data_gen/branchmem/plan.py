@@ -46,6 +46,11 @@ MONTHS = ("January", "February", "March", "April", "May", "June", "July", "Augus
 QUESTION_TYPES = ("update_current", "update_previous", "delayed_fact", "artifact_order", "event_count",
                   "event_sum", "parallel_fact")
 DIMENSION = {"delayed_fact": "delayed_resumption", "parallel_fact": "parallel_confusion"}
+# how much a question names its trajectory: explicit (owner and task: "Amara's trip to Lisbon"), partial
+# (the task only: "the trip to Lisbon", lexically close to the partner's "trip to Mombasa"), referential
+# (no anchor: "and the budget now?", asked right after a turn of its own branch, so only the resumed
+# state tells which trajectory it means)
+SPECIFICITY = ("explicit", "partial", "referential")
 
 
 @dataclass
@@ -68,6 +73,26 @@ class Branch:
     def label(self) -> str:
         """How the user names this trajectory: "Amara's trip to Lisbon"."""
         return f"{self.first}'s {self.title}"
+
+
+def allowed_specificity(b: Branch, partner: Branch, qtype: str) -> list[str]:
+    """The levels a question about b can take: partial needs a task title that differs from the partner's
+    (two "training plan"s cannot be told apart without their owners); referential needs the branch to be
+    the current one, which a delayed resumption never is."""
+    out = ["explicit"]
+    if partner is b or partner.title != b.title:
+        out.append("partial")
+    if qtype != "delayed_fact":
+        out.append("referential")
+    return out
+
+
+def draw_specificity(r: random.Random, weights: dict[str, float], allowed: list[str]) -> str:
+    """One level from the preset's distribution, restricted to the allowed ones (explicit if none weighs)."""
+    levels = [x for x in SPECIFICITY if x in allowed and weights.get(x, 0) > 0]
+    if not levels:
+        return "explicit"
+    return r.choices(levels, [weights[x] for x in levels])[0]
 
 
 @dataclass
@@ -203,6 +228,8 @@ def plan_session(session_id: str, seed: int, n_turns: int, n_questions: int, cfg
             queues[b.id].insert(1 + r.randrange(len(queues[b.id])), Move("event", b.id, quantity=qty,
                                                                           variant=r.randrange(4)))
     # questions: bind gold and confounder now that values are final
+    spec = cfg.get("specificity") or {"explicit": 1.0}
+    rs = random.Random(seed * 7907 + 5)
     for q in questions:
         b, p = branches[q["branch"]], branches[branches[q["branch"]].partner]
         t = q["type"]
@@ -229,6 +256,9 @@ def plan_session(session_id: str, seed: int, n_turns: int, n_questions: int, cfg
             q["gold"], q["confounder"] = fmt_qty(sum(b.events), unit), fmt_qty(sum(p.events), unit)
         q["dimension"] = DIMENSION.get(t, "interleaving")
         q["confounder_branch"] = p.id
+        # drawn from its own stream, so an explicit-only preset plans exactly what it did before levels existed
+        q["specificity"] = draw_specificity(rs, spec, allowed_specificity(b, p, t))
+        q["template"] = rs.randrange(1 << 16)  # which partial / referential realization (realize.py)
         q["_support"] = {id(m) for bid in {b.id, p.id} for m in queues[bid] if _supports(m, q)}
     # pad to the exact number of non-question turns with fillers and distractors
     content = sum(len(v) for v in queues.values())
@@ -278,14 +308,30 @@ def schedule(r: random.Random, branches: list[Branch], queues: dict[int, list[Mo
             return None
         return "continuation" if pos - last_seen[bid] == 1 else "return"
 
+    def current(q: dict) -> bool:
+        """A referential question is asked only right after a statement of its own branch."""
+        return bool(out) and out[-1].branch == q["branch"] and out[-1].kind != "question"
+
     while pending or distract_left or any(queues.values()):
         pos = len(out)
         supported = [q for q in pending if q["_support"] <= emitted]
         ready = [q for q in supported
-                 if q["type"] != "delayed_fact" or pos - last_seen.get(q["branch"], pos) > delay]
+                 if (q["type"] != "delayed_fact" or pos - last_seen.get(q["branch"], pos) > delay)
+                 and (q.get("specificity") != "referential" or current(q))]
         content_left = sum(len(v) for v in queues.values()) + distract_left
-        if ready and (content_left == 0 or r.random() < cfg["p_ask_when_ready"]):
-            q = ready[0]
+        if not ready and content_left == 0:
+            # a referential question whose branch never came back: asked with its task named instead
+            for q in supported:
+                if q.get("specificity") == "referential":
+                    b = branches[q["branch"]]
+                    q["specificity"] = ("partial" if "partial" in allowed_specificity(b, branches[b.partner], q["type"])
+                                        else "explicit")
+                    q["demoted"] = True
+            ready = [q for q in supported if q.get("specificity") != "referential"
+                     and (q["type"] != "delayed_fact" or pos - last_seen.get(q["branch"], pos) > delay)]
+        now = [q for q in ready if q.get("specificity") == "referential"]  # its moment passes with the next turn
+        if ready and (content_left == 0 or now or r.random() < cfg["p_ask_when_ready"]):
+            q = (now or ready)[0]
             pending.remove(q)
             out.append(Move("question", q["branch"], question={k: v for k, v in q.items() if k != "_support"},
                             variant=r.randrange(3), cue=cue_for(q["branch"], pos)))
@@ -302,7 +348,12 @@ def schedule(r: random.Random, branches: list[Branch], queues: dict[int, list[Mo
         if not choices:
             choices = [b.id for b in branches if queues[b.id]]
         prev = out[-1].branch if out else None
-        bid = prev if (prev in choices and r.random() < stick) else r.choice(choices)
+        # a supported referential question waits for its branch: steer there half of the time
+        waiting = [q["branch"] for q in supported if q.get("specificity") == "referential" and q["branch"] in choices]
+        if waiting and prev not in waiting and r.random() < 0.5:
+            bid = waiting[0]
+        else:
+            bid = prev if (prev in choices and r.random() < stick) else r.choice(choices)
         m = queues[bid].pop(0)
         m.cue = cue_for(bid, pos)
         emitted.add(id(m))

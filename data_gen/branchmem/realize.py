@@ -86,6 +86,40 @@ QUESTION = {
     "event_sum": ("What is the total of the {noun} for {label} so far?", "Add up the {noun} for {label}: what is the total?",
                   "In total, how much do the {noun} for {label} come to?"),
 }
+# the task named without its owner ({task}: "the trip to Lisbon"); with a parallel pair of the same kind
+# this is lexically close to the partner on purpose
+QUESTION_PARTIAL = {
+    "update_current": ("What is the current {slot} for {task}?", "Remind me, what {slot} does {task} have now?",
+                       "For {task}, what is the {slot} at the moment?", "What {slot} are we using for {task} now?"),
+    "update_previous": ("Before the change, what was the {slot} for {task}?", "What was the old {slot} of {task}?",
+                        "For {task}, which {slot} did we have before the update?",
+                        "What {slot} did {task} have before we changed it?"),
+    "delayed_fact": ("Going back to {task}: what is the {slot}?", "Back to {task}, which {slot} did we settle on?",
+                     "Returning to {task}, remind me of the {slot}?", "Picking {task} up again: what was the {slot}?"),
+    "parallel_fact": ("What {slot} did we settle on for {task}?", "Which {slot} is set for {task}?",
+                      "For {task}, what is the {slot}?", "Can you remind me of the {slot} we chose for {task}?"),
+    "artifact_order": ("In the {name} for {task}, what is item number {n}?", "What is the {ordinal} item on the {name} of {task}?",
+                       "Which entry comes {ordinal} in the {name} for {task}?", "For {task}, what is {ordinal} on the {name}?"),
+    "event_count": ("How many {noun} have been recorded for {task} so far?", "So far, how many {noun} are logged for {task}?",
+                    "Count the {noun} for {task} so far: how many?", "For {task}, how many {noun} do we have now?"),
+    "event_sum": ("What is the total of the {noun} for {task} so far?", "Add up the {noun} for {task}: what is the total?",
+                  "In total, how much do the {noun} for {task} come to?", "For {task}, what do the {noun} add up to?"),
+}
+# no anchor at all: asked right after a turn of its own branch, so only the resumed state disambiguates
+QUESTION_REFERENTIAL = {
+    "update_current": ("And the {slot} now?", "What is the {slot} at this point?", "Remind me, what's the current {slot}?",
+                       "So what {slot} are we on now?"),
+    "update_previous": ("And what was the {slot} before the change?", "What was the old {slot} again?",
+                        "Before we updated it, what was the {slot}?", "Which {slot} did we have before?"),
+    "parallel_fact": ("And the {slot} was?", "Which {slot} did we settle on again?", "Remind me of the {slot}?",
+                      "What is the {slot}, remind me?"),
+    "artifact_order": ("What is item number {n} on the {name}?", "And the {ordinal} item on the {name}?",
+                       "Which entry comes {ordinal} in the {name} again?", "What's {ordinal} on the {name}?"),
+    "event_count": ("How many {noun} so far?", "And how many {noun} is that now?", "Count the {noun} so far for me?",
+                    "How many {noun} have we logged by now?"),
+    "event_sum": ("What do the {noun} add up to so far?", "And the total of the {noun}?",
+                  "In total, how much do the {noun} come to now?", "What is the running total of the {noun}?"),
+}
 ANSWER = {
     "update_current": "The current {slot} for {label} is {gold}.",
     "update_previous": "Before the update, the {slot} for {label} was {gold}.",
@@ -214,8 +248,13 @@ def _branch_turn(b: Branch, m: Move, r: random.Random):
         pos = q.get("position", 0)
         extra = {"slot": slot, "name": b.artifact_name, "n": pos + 1, "ordinal": ORDINALS[pos],
                  "noun": EVENT_NOUN[b.kind], "gold": q["gold"]}
-        pool = QUESTION[t]
-        user = _fmt(pool[m.variant % len(pool)], **extra, **kw)
+        level = q.get("specificity", "explicit")
+        if level == "explicit":  # the original realizations, drawn as before
+            pool = QUESTION[t]
+            user = _fmt(pool[m.variant % len(pool)], **extra, **kw)
+        else:
+            pool = (QUESTION_PARTIAL if level == "partial" else QUESTION_REFERENTIAL)[t]
+            user = _fmt(pool[q.get("template", 0) % len(pool)], task=f"the {b.title}", **extra, **kw)
         assistant = _fmt(ANSWER[t], **extra, **kw)
         tags = [SLOT_TYPES[q["slot"]][0]] if q.get("slot") else (["item"] if t == "artifact_order" else
                                                                    [KINDS[b.kind]["event"][3], "quantity"])

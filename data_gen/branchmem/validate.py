@@ -9,7 +9,10 @@ Rules:
                  (it is the partner branch's answer to the same question);
 - delayed:       a delayed-resumption question comes more than `delay_min` turns after its branch's
                  previous turn;
-- distinct:      the parallel trajectories stay distinguishable (different owners' first names).
+- distinct:      the parallel trajectories stay distinguishable (different owners' first names);
+- specificity:   the question names its trajectory as its level says: explicit names the owner; partial
+                 names the task by a word the partner's task lacks, and neither owner; referential names
+                 neither owner nor either task, and directly follows a statement of its own branch.
 """
 
 from __future__ import annotations
@@ -19,7 +22,40 @@ import re
 from .plan import SessionPlan, fmt_qty
 from .realize import Turn
 
-RULES = ("support", "no_leak", "confounder", "delayed", "distinct")
+RULES = ("support", "no_leak", "confounder", "delayed", "distinct", "specificity")
+_STOP = {"the", "to", "in", "of", "a", "for"}
+
+
+def _words(text: str) -> set[str]:
+    return {w.lower() for w in re.findall(r"[A-Za-z]+(?:-[A-Za-z]+)*", text)}
+
+
+def specificity_failure(plan: SessionPlan, turns: list[Turn], qt: Turn) -> str | None:
+    """Why question turn qt does not fit its specificity level (None when it does)."""
+    q = qt.question
+    level = q.get("specificity", "explicit")
+    b = plan.branches[qt.branch]
+    p = plan.branches[b.partner]
+    words = _words(qt.user)
+    names = {b.first.lower(), p.first.lower()} & words
+    own = (_words(b.title) - _words(p.title) - _STOP) if p is not b else _words(b.title) - _STOP
+    other = _words(p.title) - _words(b.title) - _STOP
+    if level == "explicit":
+        return None if b.first.lower() in words else f"explicit question does not name the owner {b.first!r}"
+    if names:
+        return f"{level} question names an owner ({', '.join(sorted(names))})"
+    if level == "partial":
+        if not own or not own & words:
+            return f"partial question names no word of its task {b.title!r} that the partner's task lacks"
+        return None
+    if level != "referential":
+        return f"unknown specificity {level!r}"
+    if (own | other) & words:
+        return f"referential question names a task word ({', '.join(sorted((own | other) & words))})"
+    prev = turns[qt.index - 1] if qt.index > 0 else None
+    if prev is None or prev.branch != qt.branch or prev.is_question:
+        return "referential question does not directly follow a statement of its own branch"
+    return None
 
 
 def branch_answer(turns: list[Turn], branch: int, q: dict, upto: int) -> str | None:
@@ -75,6 +111,8 @@ def validate_session(plan: SessionPlan, turns: list[Turn], delay_min: int) -> di
             if partner_answer != conf or not _in_prefix_text(conf, turns, q["confounder_branch"], qt.index, computed):
                 fails["confounder"].append(
                     f"{where}: confounder {conf!r} not supported by the partner branch's prefix ({partner_answer!r})")
+        if (why := specificity_failure(plan, turns, qt)) is not None:
+            fails["specificity"].append(f"{where}: {why}")
         if q["type"] == "delayed_fact":
             prev = [t.index for t in turns[: qt.index] if t.branch == qt.branch]
             gap = qt.index - prev[-1] if prev else 0

@@ -83,7 +83,7 @@ def replay_session(sess: dict, method, answers, budget: int, apply_forget: bool 
             read_s = time.perf_counter() - t0
             flags = context_flags(r.text, q["gold"], q["confounder"])
             rec = {"session_id": sess["session_id"], "turn": t["index"], "question_type": q["type"],
-                   "dimension": q["dimension"], "gold": q["gold"], "confounder": q["confounder"],
+                   "dimension": q["dimension"], "specificity": q.get("specificity") or "explicit", "gold": q["gold"], "confounder": q["confounder"],
                    "context_tokens": r.tokens, "read_s": read_s, **flags,
                    "localization_correct": (None if r.route is None
                                             else r.selected_turn is not None and branch.get(r.selected_turn) == q["branch"]),
@@ -108,6 +108,30 @@ def replay_session(sess: dict, method, answers, budget: int, apply_forget: bool 
     return qrecs, trecs
 
 
+def by_specificity(qrecs: list[dict]) -> dict[str, dict]:
+    """Per specificity level (explicit, partial, referential): questions, gold and confounder in context,
+    gold without the confounder, state localization at questions and, with answers, accuracy."""
+    from data_gen.branchmem.plan import SPECIFICITY
+
+    out = {}
+    for level in SPECIFICITY:
+        rs = [r for r in qrecs if r.get("specificity", "explicit") == level]
+        if not rs:
+            continue
+        n = len(rs)
+        loc = [r["localization_correct"] for r in rs if r["localization_correct"] is not None]
+        row = {"questions": n,
+               "gold_in_context": round(sum(r["gold_in_context"] for r in rs) / n, 4),
+               "confounder_in_context": round(sum(r["confounder_in_context"] for r in rs) / n, 4),
+               "gold_without_confounder": round(sum(r["gold_in_context"] and not r["confounder_in_context"]
+                                                    for r in rs) / n, 4),
+               "state_localization": round(sum(loc) / len(loc), 4) if loc else None}
+        if "correct" in rs[0]:
+            row["accuracy"] = round(sum(bool(r["correct"]) for r in rs) / n, 4)
+        out[level] = row
+    return out
+
+
 def summarize(qrecs: list[dict], trecs: list[dict]) -> dict[str, Any]:
     from eval.scoring import ERROR_CATEGORIES, aggregate
 
@@ -127,6 +151,7 @@ def summarize(qrecs: list[dict], trecs: list[dict]) -> dict[str, Any]:
     if routed:
         out["state_localization_every_turn"] = round(sum(r["correct"] for r in routed) / len(routed), 4)
         out["routes"] = dict(Counter(r["route"] for r in routed))
+    out["by_specificity"] = by_specificity(qrecs)
     if qrecs and "correct" in qrecs[0]:
         agg = aggregate(qrecs, ["dimension", "question_type"])
         out["accuracy"] = agg["accuracy"]
