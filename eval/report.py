@@ -25,7 +25,9 @@ def collect(paths: list[str | Path]) -> list[dict]:
         if not files:
             raise FileNotFoundError(f"{p}: no results.json found")
         for f in files:
-            r = json.loads(f.read_text())["results"]
+            data = json.loads(f.read_text())
+            r = data["results"]
+            r.setdefault("runtime_overrides", list((data.get("config") or {}).get("runtime_overrides") or []))
             r["run"] = str(f.parent)
             rows.append(r)
     return rows
@@ -48,9 +50,14 @@ def table(rows: list[dict]) -> str:
 
 
 def label(r: dict) -> str:
-    """A row's method, with its runtime profile where that is not the default."""
+    """A row's method, with its runtime profile where that is not the default and the bundles its runtime
+    overrides name (two rows of one profile with different bundles stay apart): `arbormem (tuned;
+    reranker=reranker_mixed, tagger=tagger)`."""
     prof = r.get("runtime_profile", "default")
-    return r["method"] if prof == "default" else f"{r['method']} ({prof})"
+    bundles = [f"{k.removesuffix('.path').removesuffix('.bundle')}={Path(v).name}" for k, v in
+               (o.split("=", 1) for o in r.get("runtime_overrides") or [] if "=" in o) if k.endswith(".path")]
+    inner = "; ".join(x for x in (None if prof == "default" else prof, ", ".join(bundles)) if x)
+    return f"{r['method']} ({inner})" if inner else r["method"]
 
 
 def accuracy_table(rows: list[dict]) -> str:
