@@ -149,8 +149,9 @@ def specificity_plot(rows: list[dict], out: Path) -> Path | None:
         ax.set_xlabel("read budget (tokens)")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("gold in context, confounder not")
-    axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=min(3, len(names)), fontsize=8)
+    fig.tight_layout(rect=(0, 0.06 * ((len(names) + 2) // 3) + 0.02, 1, 1))
     fig.savefig(out / "specificity_curve.png", dpi=120)
     plt.close(fig)
     return out / "specificity_curve.png"
