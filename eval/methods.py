@@ -36,6 +36,8 @@ class ReadResult:
     turn_ids: list[int] = field(default_factory=list)      # turn indices whose raw text is in the context
     selected_turn: int | None = None                        # the state a localizing method chose
     route: str | None = None                                # None: the method does not localize
+    primary: str | None = None                              # the block holding the selected trajectory
+                                                            # ("" when it is empty); None: no such block
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,9 @@ class ArborMemoryMethod(_ArborBacked):
         self._pending = loc  # the question turn is committed where the question was localized
         turns = sorted({self.turn_of[i] for i in ctx.node_ids if i in self.turn_of})
         sel = self.turn_of.get(loc.parent_id) if loc.parent_id is not None else None
-        return ReadResult(ctx.text, ctx.tokens, turns, sel, loc.route)
+        path = ctx.block("PrimaryPath")
+        return ReadResult(ctx.text, ctx.tokens, turns, sel, loc.route,
+                          primary=path.render() if path is not None and path.lines else "")
 
 
 class _TurnStore(Method):

@@ -13,7 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 COLUMNS = ("benchmark", "method", "runtime_profile", "ablation", "budget", "reader", "questions", "accuracy", "gold_in_context",
-           "confounder_in_context", "state_localization_at_questions", "state_localization_every_turn",
+           "confounder_in_context", "primary_gold_only", "state_localization_at_questions", "state_localization_every_turn",
            "evidence_recall", "answer_token_recall", "f1", "context_tokens_mean", "ingest_s_per_turn", "read_s_p50", "read_s_p95", "questions_per_hour")
 
 
@@ -109,12 +109,14 @@ def specificity_table(rows: list[dict]) -> str:
         return ""
     levels = [lv for lv in SPECIFICITY if any(lv in r["by_specificity"] for r in rows)]
     answered = any("accuracy" in x for r in rows for x in r["by_specificity"].values())
-    head = "gold / confounder / gold only / localization" + (" / accuracy" if answered else "")
+    primary = any("primary_gold_only" in x for r in rows for x in r["by_specificity"].values())
+    head = ("gold / confounder / gold only / localization" + (" / primary path gold only" if primary else "")
+            + (" / accuracy" if answered else ""))
     out = ["| method | ablation | budget | " + " | ".join(
         f"{lv} (n={max(r['by_specificity'].get(lv, {}).get('questions', 0) for r in rows)}): {head}" for lv in levels) + " |",
            "|---|---|---:|" + "---|" * len(levels)]
     keys = ("gold_in_context", "confounder_in_context", "gold_without_confounder", "state_localization") + (
-        ("accuracy",) if answered else ())
+        ("primary_gold_only",) if primary else ()) + (("accuracy",) if answered else ())
     for r in sorted(rows, key=lambda r: (label(r), r.get("ablation", ""), r.get("budget", 0))):
         cells = [" / ".join(_fmt(r["by_specificity"][lv].get(k)) for k in keys) if lv in r["by_specificity"] else "—"
                  for lv in levels]

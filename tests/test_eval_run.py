@@ -88,8 +88,16 @@ def test_every_method_replays_under_the_budget(smoke_data, tmp_path, method, mon
         linear = [turns[sid, i]["gold_parent"] >= 0 and i > 0 and branch[sid][i - 1] == turns[sid, i]["branch"]
                   for sid, i, _ in seen["observed"]]
         assert res["state_localization_every_turn"] > mean4(linear)
+        # the primary-path block alone: recomputed from each read's own block
+        prim = []
+        for (sid, q), (_, _, r) in zip(questions, seen["reads"]):
+            assert r.primary == "" or (r.primary.startswith("[PrimaryPath]") and r.primary in r.text)
+            lines = r.primary.splitlines()
+            prim.append(any(mentions(x, q["gold"], q["confounder"]) for x in lines)
+                        and not (q["confounder"] is not None and any(mentions(x, q["confounder"], q["gold"]) for x in lines)))
+        assert res["primary_gold_only"] == mean4(prim) and [r["primary_gold_only"] for r in qs] == prim
     else:
-        assert res["state_localization_at_questions"] is None
+        assert res["state_localization_at_questions"] is None and res["primary_gold_only"] is None
     assert json.loads((tmp_path / "results.json").read_text())["results"]["method"] == method
 
 
@@ -484,7 +492,11 @@ def test_branchmem_summary_and_report_split_by_specificity(tmp_path):
     assert got["referential"] == {"questions": 2, "gold_in_context": 0.5, "confounder_in_context": 0.5,
                                   "gold_without_confounder": 0.5, "state_localization": 0.5}
     answered = by_specificity([rec("partial", True, False, True, True), rec("partial", True, True, True, False)])
-    assert answered["partial"]["accuracy"] == 0.5
+    assert answered["partial"]["accuracy"] == 0.5 and "primary_gold_only" not in answered["partial"]
+    prim = by_specificity([dict(rec("partial", True, True, True), primary_gold_only=True),
+                           dict(rec("partial", True, True, True), primary_gold_only=False),
+                           dict(rec("partial", True, True, True), primary_gold_only=False)])
+    assert prim["partial"]["primary_gold_only"] == round(1 / 3, 4)
 
     rows = [{"benchmark": "branchmem", "method": m, "runtime_profile": "default", "ablation": "full", "budget": b,
              "gold_in_context": 0.5, "by_specificity": {"explicit": dict(got["explicit"], gold_without_confounder=e),

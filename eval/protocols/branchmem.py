@@ -88,6 +88,9 @@ def replay_session(sess: dict, method, answers, budget: int, apply_forget: bool 
                    "localization_correct": (None if r.route is None
                                             else r.selected_turn is not None and branch.get(r.selected_turn) == q["branch"]),
                    "prediction": None}
+            if r.primary is not None:  # the routed trajectory's own block: the gold, and not the confounder?
+                pf = context_flags(r.primary, q["gold"], q["confounder"])
+                rec["primary_gold_only"] = pf["gold_in_context"] and not pf["confounder_in_context"]
             if forget is not None:
                 rec["after_forget"] = t["index"] > forget["request_turn"]
                 rec["leak"] = rec["after_forget"] and context_flags(r.text, forget["value"], None)["gold_in_context"]
@@ -110,7 +113,8 @@ def replay_session(sess: dict, method, answers, budget: int, apply_forget: bool 
 
 def by_specificity(qrecs: list[dict]) -> dict[str, dict]:
     """Per specificity level (explicit, partial, referential): questions, gold and confounder in context,
-    gold without the confounder, state localization at questions and, with answers, accuracy."""
+    gold without the confounder, state localization at questions, for a method with a primary-path block
+    the share whose block holds the gold and not the confounder, and, with answers, accuracy."""
     from data_gen.branchmem.plan import SPECIFICITY
 
     out = {}
@@ -126,6 +130,9 @@ def by_specificity(qrecs: list[dict]) -> dict[str, dict]:
                "gold_without_confounder": round(sum(r["gold_in_context"] and not r["confounder_in_context"]
                                                     for r in rs) / n, 4),
                "state_localization": round(sum(loc) / len(loc), 4) if loc else None}
+        prim = [r["primary_gold_only"] for r in rs if r.get("primary_gold_only") is not None]
+        if prim:
+            row["primary_gold_only"] = round(sum(prim) / len(prim), 4)
         if "correct" in rs[0]:
             row["accuracy"] = round(sum(bool(r["correct"]) for r in rs) / n, 4)
         out[level] = row
@@ -148,6 +155,8 @@ def summarize(qrecs: list[dict], trecs: list[dict]) -> dict[str, Any]:
     routed = [r for r in trecs if "correct" in r]
     loc = [r["localization_correct"] for r in qrecs if r["localization_correct"] is not None]
     out["state_localization_at_questions"] = round(sum(loc) / len(loc), 4) if loc else None
+    prim = [r["primary_gold_only"] for r in qrecs if r.get("primary_gold_only") is not None]
+    out["primary_gold_only"] = round(sum(prim) / len(prim), 4) if prim else None
     if routed:
         out["state_localization_every_turn"] = round(sum(r["correct"] for r in routed) / len(routed), 4)
         out["routes"] = dict(Counter(r["route"] for r in routed))
