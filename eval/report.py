@@ -253,8 +253,7 @@ def report(paths: list[str | Path], out: str | Path) -> dict:
     if acc := accuracy_table(rows):
         md += "\nAnswer accuracy per dimension and question type, and error categories:\n\n" + acc
     if spec := specificity_table(rows):
-        md += "\nPer question specificity (gold in context / confounder in context / gold without the confounder / " \
-              "state localization at questions):\n\n" + spec
+        md += "\nPer question specificity (each column names its fields):\n\n" + spec
     if cat := category_table(rows):
         md += "\nPer LoCoMo category (evidence recall / answer-token recall):\n\n" + cat
     (out / "table.md").write_text(md)
