@@ -312,12 +312,14 @@ def schedule(r: random.Random, branches: list[Branch], queues: dict[int, list[Mo
         """A referential question is asked only right after a statement of its own branch."""
         return bool(out) and out[-1].branch == q["branch"] and out[-1].kind != "question"
 
+    def rested(q: dict) -> bool:
+        """A delayed resumption waits until its branch has rested more than `delay_min` turns."""
+        return q["type"] != "delayed_fact" or len(out) - last_seen.get(q["branch"], len(out)) > delay
+
     while pending or distract_left or any(queues.values()):
         pos = len(out)
         supported = [q for q in pending if q["_support"] <= emitted]
-        ready = [q for q in supported
-                 if (q["type"] != "delayed_fact" or pos - last_seen.get(q["branch"], pos) > delay)
-                 and (q.get("specificity") != "referential" or current(q))]
+        ready = [q for q in supported if rested(q) and (q.get("specificity") != "referential" or current(q))]
         content_left = sum(len(v) for v in queues.values()) + distract_left
         if not ready and content_left == 0:
             # a referential question whose branch never came back: asked with its task named instead
@@ -327,8 +329,7 @@ def schedule(r: random.Random, branches: list[Branch], queues: dict[int, list[Mo
                     q["specificity"] = ("partial" if "partial" in allowed_specificity(b, branches[b.partner], q["type"])
                                         else "explicit")
                     q["demoted"] = True
-            ready = [q for q in supported if q.get("specificity") != "referential"
-                     and (q["type"] != "delayed_fact" or pos - last_seen.get(q["branch"], pos) > delay)]
+            ready = [q for q in supported if q.get("specificity") != "referential" and rested(q)]
         now = [q for q in ready if q.get("specificity") == "referential"]  # its moment passes with the next turn
         if ready and (content_left == 0 or now or r.random() < cfg["p_ask_when_ready"]):
             q = (now or ready)[0]
