@@ -31,25 +31,37 @@ def lookup(cfg: dict, path: tuple):
     return cfg
 
 
-def mismatches(conf_dir: Path, name: str) -> list[str]:
-    """Every key the experiment file sets (its body, and each group its defaults select) whose composed
-    value differs from the file's. Values are compared unresolved: an interpolation must survive as written."""
+def wanted(conf_dir: Path, name: str) -> dict:
+    """path -> value of every key experiment `name` sets: its body, then each group its defaults select
+    ("override /model: qwen3_4b") and each experiment it extends, wherever the body does not set the key."""
     raw = OmegaConf.to_container(OmegaConf.load(conf_dir / "experiment" / f"{name}.yaml"), resolve=False)
     defaults = raw.pop("defaults", [])
+    want = dict(leaves(raw))
+    for d in defaults:
+        if d == "_self_":
+            continue
+        if isinstance(d, str):  # another experiment, extended
+            items = wanted(conf_dir, d).items()
+        else:
+            (key, option), = d.items()
+            group = key.split("/")[-1]
+            node = OmegaConf.to_container(OmegaConf.load(conf_dir / group / f"{option}.yaml"), resolve=False)
+            node.pop("defaults", None)
+            items = leaves(node, (group,))
+        for path, v in items:
+            if not any(path[: len(p)] == p or p[: len(path)] == path for p in want):
+                want[path] = v
+    return want
+
+
+def mismatches(conf_dir: Path, name: str) -> list[str]:
+    """Every key the experiment file sets (`wanted`) whose composed value differs from the file's. Values
+    are compared unresolved: an interpolation must survive as written."""
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
         composed = OmegaConf.to_container(compose(config_name="train", overrides=[f"experiment={name}"]),
                                           resolve=False)
-    want = dict(leaves(raw))
-    for d in defaults:   # "override /model: qwen3_4b": the group file's keys, unless the body sets them
-        (key, option), = d.items()
-        group = key.split("/")[-1]
-        node = OmegaConf.to_container(OmegaConf.load(conf_dir / group / f"{option}.yaml"), resolve=False)
-        node.pop("defaults", None)
-        for path, v in leaves(node, (group,)):
-            if not any(path[: len(p)] == p or p[: len(path)] == path for p in want):
-                want[path] = v
     return [f"{'.'.join(p)}: {name}.yaml sets {v!r}, composed {lookup(composed, p)!r}"
-            for p, v in want.items() if lookup(composed, p) != v]
+            for p, v in wanted(conf_dir, name).items() if lookup(composed, p) != v]
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
@@ -67,6 +79,21 @@ def test_the_check_catches_a_primary_config_merged_after_the_experiment(tmp_path
     (conf / "train.yaml").write_text(old + "optim:\n  lr: 5.0e-4\n")
     found = mismatches(conf, "extractor_smollm2_cpu")
     assert found == ["optim.lr: extractor_smollm2_cpu.yaml sets 0.001, composed 0.0005"]
+
+
+def test_the_check_follows_an_experiment_that_extends_another(tmp_path):
+    """An experiment built on another (`defaults: [reranker_minilm_cpu, _self_]`) must get the parent's keys
+    and its own; listing `_self_` first lets the parent override the child, and the check says so."""
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf)
+    body = "optim:\n  lr: 1.0e-3\ntask:\n  pair_features: true\n"
+    (conf / "experiment" / "child_ok.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - reranker_minilm_cpu\n  - _self_\n" + body)
+    (conf / "experiment" / "child_bad.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - _self_\n  - reranker_minilm_cpu\n" + body)
+    assert mismatches(conf, "child_ok") == []
+    assert wanted(conf, "child_ok")[("trainer", "max_steps")] == 400  # the parent's key is checked too
+    assert mismatches(conf, "child_bad") == ["optim.lr: child_bad.yaml sets 0.001, composed 0.0005"]
 
 
 def tiny(tmp_path, smoke_data, *overrides) -> dict:
