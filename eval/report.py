@@ -100,8 +100,9 @@ def category_table(rows: list[dict]) -> str:
 
 def specificity_table(rows: list[dict]) -> str:
     """BranchMemEval runs split by question specificity (data_gen/branchmem/plan.py SPECIFICITY): per level,
-    gold in context / confounder in context / gold without the confounder / state localization, and
-    accuracy where answered ("" when no run has more than one level)."""
+    gold in context / confounder in context / gold without the confounder / state localization, the primary
+    path's gold without the confounder where measured, and accuracy where answered ("" when no run has more
+    than one level)."""
     from data_gen.branchmem.plan import SPECIFICITY
 
     rows = [r for r in rows if len(r.get("by_specificity") or {}) > 1]
@@ -125,7 +126,7 @@ def specificity_table(rows: list[dict]) -> str:
 
 
 def specificity_plot(rows: list[dict], out: Path) -> Path | None:
-    """Gold in context against the read budget, one panel per specificity level, one line per method
+    """Gold in context without the confounder against the read budget, one panel per specificity level, one line per method
     (full runs only); None when no run has more than one level or no method has two budgets."""
     import matplotlib.pyplot as plt
 

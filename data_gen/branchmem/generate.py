@@ -166,7 +166,7 @@ def iter_sessions(indices: list[int], p: dict, seed: int, runtime_cfg: dict | No
 # ---------------------------------------------------------------------- statistics and card
 def new_counts() -> dict:
     return {"sessions": 0, "turns": 0, "turns_min": None, "turns_max": None, "questions": 0, "branches": {},
-            "by_type": {}, "by_dimension": {}, "by_specificity": {}, "by_specificity_type": {}, "distractors": 0, "routing": [0, 0, 0], "localization": [0, 0]}
+            "by_type": {}, "by_dimension": {}, "by_specificity_type": {}, "distractors": 0, "routing": [0, 0, 0], "localization": [0, 0]}
 
 
 def add_summary(c: dict, s: dict) -> None:
@@ -180,7 +180,6 @@ def add_summary(c: dict, s: dict) -> None:
     for t, d, level in s["questions"]:
         c["by_type"][t] = c["by_type"].get(t, 0) + 1
         c["by_dimension"][d] = c["by_dimension"].get(d, 0) + 1
-        c["by_specificity"][level] = c["by_specificity"].get(level, 0) + 1
         k = f"{level}/{t}"
         c["by_specificity_type"][k] = c["by_specificity_type"].get(k, 0) + 1
     c["distractors"] += s["distractors"]
@@ -195,7 +194,7 @@ def merge_counts(a: dict, b: dict) -> dict:
         out["turns"] += c["turns"]
         out["questions"] += c["questions"]
         out["distractors"] += c["distractors"]
-        for key in ("branches", "by_type", "by_dimension", "by_specificity", "by_specificity_type"):
+        for key in ("branches", "by_type", "by_dimension", "by_specificity_type"):
             for k, v in c.get(key, {}).items():
                 out[key][k] = out[key].get(k, 0) + v
         out["routing"] = [x + y for x, y in zip(out["routing"], c["routing"])]
@@ -218,7 +217,8 @@ def compute_stats(c: dict, validation: dict, supervision: dict[str, int]) -> dic
         "branches_per_session": dict(sorted(c["branches"].items())),
         "questions_by_type": dict(sorted(c["by_type"].items())),
         "questions_by_dimension": dict(sorted(c["by_dimension"].items())),
-        "questions_by_specificity": {k: c["by_specificity"][k] for k in SPECIFICITY if k in c["by_specificity"]},
+        "questions_by_specificity": {lv: n for lv in SPECIFICITY  # summed from the per-type counts
+                                     if (n := sum(v for k, v in c["by_specificity_type"].items() if k.startswith(f"{lv}/")))},
         "distractor_turns": c["distractors"],
         "validation": validation,
         "supervision": {k: v for k, v in supervision.items() if k != "sessions"},

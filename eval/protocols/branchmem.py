@@ -16,7 +16,7 @@ from typing import Any
 
 from arbor_train.errors import MissingInputError
 
-from .base import Protocol, percentile
+from .base import Protocol, mean4, percentile
 
 
 def check(c: dict) -> None:
@@ -122,19 +122,16 @@ def by_specificity(qrecs: list[dict]) -> dict[str, dict]:
         rs = [r for r in qrecs if r.get("specificity", "explicit") == level]
         if not rs:
             continue
-        n = len(rs)
-        loc = [r["localization_correct"] for r in rs if r["localization_correct"] is not None]
-        row = {"questions": n,
-               "gold_in_context": round(sum(r["gold_in_context"] for r in rs) / n, 4),
-               "confounder_in_context": round(sum(r["confounder_in_context"] for r in rs) / n, 4),
-               "gold_without_confounder": round(sum(r["gold_in_context"] and not r["confounder_in_context"]
-                                                    for r in rs) / n, 4),
-               "state_localization": round(sum(loc) / len(loc), 4) if loc else None}
-        prim = [r["primary_gold_only"] for r in rs if r.get("primary_gold_only") is not None]
-        if prim:
-            row["primary_gold_only"] = round(sum(prim) / len(prim), 4)
+        row = {"questions": len(rs),
+               "gold_in_context": mean4([r["gold_in_context"] for r in rs]),
+               "confounder_in_context": mean4([r["confounder_in_context"] for r in rs]),
+               "gold_without_confounder": mean4([r["gold_in_context"] and not r["confounder_in_context"] for r in rs]),
+               "state_localization": mean4([r["localization_correct"] for r in rs
+                                            if r["localization_correct"] is not None])}
+        if (prim := mean4([r["primary_gold_only"] for r in rs if r.get("primary_gold_only") is not None])) is not None:
+            row["primary_gold_only"] = prim
         if "correct" in rs[0]:
-            row["accuracy"] = round(sum(bool(r["correct"]) for r in rs) / n, 4)
+            row["accuracy"] = mean4([bool(r["correct"]) for r in rs])
         out[level] = row
     return out
 
@@ -155,8 +152,7 @@ def summarize(qrecs: list[dict], trecs: list[dict]) -> dict[str, Any]:
     routed = [r for r in trecs if "correct" in r]
     loc = [r["localization_correct"] for r in qrecs if r["localization_correct"] is not None]
     out["state_localization_at_questions"] = round(sum(loc) / len(loc), 4) if loc else None
-    prim = [r["primary_gold_only"] for r in qrecs if r.get("primary_gold_only") is not None]
-    out["primary_gold_only"] = round(sum(prim) / len(prim), 4) if prim else None
+    out["primary_gold_only"] = mean4([r["primary_gold_only"] for r in qrecs if r.get("primary_gold_only") is not None])
     if routed:
         out["state_localization_every_turn"] = round(sum(r["correct"] for r in routed) / len(routed), 4)
         out["routes"] = dict(Counter(r["route"] for r in routed))
