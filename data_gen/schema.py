@@ -28,8 +28,9 @@ CANDIDATE = {
     "minutes": Value("int32"),
 }
 # candidate fields a row may leave out or null (sets written before group chats read as one-user rows)
-# (and questions may leave out their specificity: sets written before levels existed are all explicit)
-OPTIONAL = {"speaker", "back", "minutes", "specificity"}
+# (and questions may leave out their specificity: sets written before levels existed are all explicit;
+# only multi-intent turns, their questions and routing rows carry the secondary fields)
+OPTIONAL = {"speaker", "back", "minutes", "specificity", "gold_secondary", "secondary_branch", "secondary_states"}
 _BASE = {"session_id": Value("string"), "turn": Value("int32"), "input": Value("string"),
          "timestamp": Value("string")}
 
@@ -38,10 +39,12 @@ SCHEMAS: dict[str, Features] = {
         "session_id": Value("string"), "seed": Value("int64"), "n_branches": Value("int32"),
         "turns": [{"index": Value("int32"), "user": Value("string"), "assistant": Value("string"),
                    "timestamp": Value("string"), "branch": Value("int32"), "move": Value("string"),
-                   "is_question": Value("bool"), "gold_parent": Value("int32")}],
+                   "is_question": Value("bool"), "gold_parent": Value("int32"),
+                   "gold_secondary": Value("int32")}],  # a multi-intent turn: the other branch's latest turn
         "questions": [{"turn": Value("int32"), "type": Value("string"), "dimension": Value("string"),
                        "gold": Value("string"), "confounder": Value("string"), "branch": Value("int32"),
-                       "confounder_branch": Value("int32"), "specificity": Value("string")}],
+                       "confounder_branch": Value("int32"), "specificity": Value("string"),
+                       "secondary_branch": Value("int32")}],  # linked_fact: the branch stating the value
         "plan": Value("string"),       # JSON of the full plan (branches, slots, moves)
     }),
     # label_rule: "plan" for generated sets; the weak-label rule that produced gold_parent for LoCoMo
@@ -49,6 +52,8 @@ SCHEMAS: dict[str, Features] = {
     # runtime attaches at the tip); empty for a new root
     "routing": Features({**_BASE, "candidates": [CANDIDATE], "gold_parent": Value("int32"),  # -1 = new root
                          "gold_states": Sequence(Value("int32")),
+                         # multi-intent turns: the secondary gold (the other branch's latest turn) and its branch's states
+                         "gold_secondary": Value("int32"), "secondary_states": Sequence(Value("int32")),
                          "runtime_choice": Value("int32"), "route": Value("string"), "gold_recalled": Value("bool"),
                          "label_rule": Value("string")}),
     "localization": Features({**_BASE, "candidates": [CANDIDATE], "gold_states": Sequence(Value("int32")),

@@ -54,7 +54,7 @@ def test_formal_preset_has_the_paper_composition(formal):
     assert set(stats["questions_by_dimension"]) == {"interleaving", "delayed_resumption", "parallel_confusion"}
     v = stats["validation"]
     assert v["sessions_valid"] == 33 and v["rules"] == ["support", "no_leak", "confounder", "delayed", "distinct",
-                                                        "specificity"]
+                                                        "specificity", "multi_intent"]
     assert stats["questions_by_specificity"] == {"explicit": 100}  # the paper's set: every question explicit
     # every rule ran on every realized session: the accepted ones and the regenerated attempts, less the
     # attempts whose plan failed before there was a session to check

@@ -84,11 +84,14 @@ def session_row(plan, turns: list[Turn]) -> dict:
         "session_id": plan.session_id, "seed": plan.seed, "n_branches": len(plan.branches),
         "turns": [{"index": t.index, "user": t.user, "assistant": t.assistant, "timestamp": t.timestamp,
                    "branch": -1 if t.branch is None else t.branch, "move": t.move, "is_question": t.is_question,
-                   "gold_parent": -1 if t.gold_parent is None else t.gold_parent} for t in turns],
+                   "gold_parent": -1 if t.gold_parent is None else t.gold_parent,
+                   **({} if t.gold_secondary is None else {"gold_secondary": t.gold_secondary})} for t in turns],
         "questions": [{"turn": t.index, "type": t.question["type"], "dimension": t.question["dimension"],
                        "gold": t.question["gold"], "confounder": t.question["confounder"], "branch": t.branch,
                        "confounder_branch": t.question["confounder_branch"],
-                       "specificity": t.question.get("specificity", "explicit")} for t in turns if t.is_question],
+                       "specificity": t.question.get("specificity", "explicit"),
+                       **({"secondary_branch": t.question["secondary_branch"]} if "secondary_branch" in t.question else {})}
+                      for t in turns if t.is_question],
         "plan": json.dumps(plan.to_json(), sort_keys=True),
     }
 

@@ -49,9 +49,10 @@ def mine_session(session_id: str, turns: list[Turn], runtime_cfg: dict, componen
         for t in turns:
             loc = mem.localize(t.user, for_question=t.is_question)
             cands = [candidate_row(c, turn_of) for c in loc.candidates]
-            gold_parent = t.gold_parent
-            if gold_parent is not None and all(c["turn"] != gold_parent for c in cands):
-                cands.append(gold_candidate(mem, node_of[gold_parent], turn_of))
+            gold_parent, secondary = t.gold_parent, t.gold_secondary
+            for gold in (gold_parent, secondary):
+                if gold is not None and all(c["turn"] != gold for c in cands):
+                    cands.append(gold_candidate(mem, node_of[gold], turn_of))
             chosen = turn_of.get(loc.parent_id) if loc.parent_id is not None else None
             base = {"session_id": session_id, "turn": t.index, "input": t.user, "timestamp": t.timestamp}
             if t.is_question:
@@ -68,12 +69,17 @@ def mine_session(session_id: str, turns: list[Turn], runtime_cfg: dict, componen
                     "gold_states": [] if gold_parent is None else [x.index for x in turns[: t.index] if x.branch == t.branch],
                     "runtime_choice": -1 if chosen is None else chosen, "route": loc.route, "label_rule": "plan",
                     "gold_recalled": gold_parent is None or any(c["turn"] == gold_parent and c["recalled"] for c in cands)})
+                if secondary is not None:  # a multi-intent turn: the other branch's latest state, and its states
+                    sb = turns[secondary].branch
+                    out["routing"][-1].update(gold_secondary=secondary, secondary_states=[
+                        x.index for x in turns[: t.index] if x.branch == sb and x.branch is not None])
                 target = {k: t.extraction[k] for k in ("states", "facts", "entities", "artifacts", "events")}
                 out["extraction"].append({**base, "assistant": t.assistant,
                                           "target": extract_target("commit", target), "summary": t.summary})
                 out["summaries"].append({**base, "assistant": t.assistant, "summary": t.summary})
             out["tags"].append({**base, "source": "question" if t.is_question else "turn", "tags": t.tags})
-            parent = Localization(node_of[gold_parent] if gold_parent is not None else None, "gold", 1.0)
+            parent = Localization(node_of[gold_parent] if gold_parent is not None else None, "gold", 1.0,
+                                  secondary=[node_of[secondary]] if secondary is not None else [])
             node = mem.commit(t.user, t.assistant, parent, t.timestamp)
             node_of[t.index] = node.id
             turn_of[node.id] = t.index

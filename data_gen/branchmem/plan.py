@@ -44,8 +44,11 @@ MONTHS = ("January", "February", "March", "April", "May", "June", "July", "Augus
           "November", "December")
 
 QUESTION_TYPES = ("update_current", "update_previous", "delayed_fact", "artifact_order", "event_count",
-                  "event_sum", "parallel_fact")
-DIMENSION = {"delayed_fact": "delayed_resumption", "parallel_fact": "parallel_confusion"}
+                  "event_sum", "parallel_fact", "linked_fact")
+# linked_fact: a slot set by a multi-intent turn ("Give Erik the same hotel as Amelie's trip to Oslo"); the
+# value is stated only in the other branch, so the answer needs the turn's secondary state (presets that
+# list it in question_types; formal does not)
+DIMENSION = {"delayed_fact": "delayed_resumption", "parallel_fact": "parallel_confusion", "linked_fact": "multi_intent"}
 # how much a question names its trajectory: explicit (owner and task: "Amara's trip to Lisbon"), partial
 # (the task only: "the trip to Lisbon", lexically close to the partner's "trip to Mombasa"), referential
 # (no anchor: "and the budget now?", asked right after a turn of its own branch, so only the resumed
@@ -99,8 +102,8 @@ def draw_specificity(r: random.Random, weights: dict[str, float], allowed: list[
 class Move:
     """One planned turn: what it does, to which branch, with which values."""
 
-    kind: str                    # intro | set | update | artifact | event | filler | distractor | question
-    branch: int | None           # None for distractors
+    kind: str                    # intro | set | update | link | artifact | event | filler | distractor | question
+    branch: int | None           # None for distractors; for a link, the primary branch (whose slot is set)
     slot: str | None = None
     value: str | None = None
     old: str | None = None
@@ -109,6 +112,15 @@ class Move:
     question: dict | None = None  # for kind == question: type, gold, confounder, ...
     variant: int = 0             # which paraphrase realizes it
     cue: str | None = None       # continuation | return | None (how the turn signals its branch)
+    link: int | None = None      # a link (multi-intent) move: the secondary branch whose value it copies
+    link_slot: str | None = None  # ... and that branch's slot
+
+
+def _move_json(m: Move) -> dict:
+    d = asdict(m)
+    if m.link is None:  # plans without multi-intent turns serialise exactly as before links existed
+        del d["link"], d["link_slot"]
+    return d
 
 
 @dataclass
@@ -119,7 +131,8 @@ class SessionPlan:
     moves: list[Move]
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {"session_id": self.session_id, "seed": self.seed, "branches": [asdict(b) for b in self.branches],
+                "moves": [_move_json(m) for m in self.moves]}
 
 
 class PlanError(RuntimeError):
@@ -221,6 +234,11 @@ def plan_session(session_id: str, seed: int, n_turns: int, n_questions: int, cfg
             b.slots[s].append(new)
             queues[b.id].append(Move("update", b.id, slot=s, value=new, old=old, variant=r.randrange(4)))
             q["slot"] = s
+    after: dict[int, int] = {}  # id(link move) -> id(the secondary branch's move that states the copied value)
+    linked: set[tuple[int, str]] = set()  # (branch, slot) that a link sets: no other question asks about them
+    for q in questions:
+        if q["type"] == "linked_fact":
+            _plan_link(r, branches, queues, q, after, linked, questions)
     for b in branches:
         queues[b.id].insert(1 + r.randrange(len(queues[b.id])), Move("artifact", b.id, items=list(b.artifact),
                                                                       variant=r.randrange(3)))
@@ -237,8 +255,15 @@ def plan_session(session_id: str, seed: int, n_turns: int, n_questions: int, cfg
             s = q["slot"]
             q["gold"] = b.slots[s][-1] if t == "update_current" else b.slots[s][-2]
             q["confounder"] = p.slots[s][-1] if s in p.slots else None
+        elif t == "linked_fact":
+            link = q["_link"]
+            q["gold"], q["confounder"] = link.value, p.slots[q["slot"]][-1]
+            q["secondary_branch"] = link.link
         elif t in ("delayed_fact", "parallel_fact"):
-            shared = [s for s in b.slots if s in p.slots and b.slots[s][-1] != p.slots[s][-1]]
+            shared = [s for s in b.slots if s in p.slots and b.slots[s][-1] != p.slots[s][-1]
+                      and (b.id, s) not in linked and (p.id, s) not in linked]
+            if not shared:
+                raise PlanError("no slot left for a fact question beside the linked ones")
             s = r.choice(shared)
             q["slot"], q["gold"], q["confounder"] = s, b.slots[s][-1], p.slots[s][-1]
         elif t == "artifact_order":
@@ -260,6 +285,8 @@ def plan_session(session_id: str, seed: int, n_turns: int, n_questions: int, cfg
         q["specificity"] = draw_specificity(rs, spec, allowed_specificity(b, p, t))
         q["template"] = rs.randrange(1 << 16)  # which partial / referential realization (realize.py)
         q["_support"] = {id(m) for bid in {b.id, p.id} for m in queues[bid] if _supports(m, q)}
+        if t == "linked_fact":  # the link itself and the secondary branch's statement of the value
+            q["_support"] |= {id(q["_link"]), after[id(q.pop("_link"))]}
     # pad to the exact number of non-question turns with fillers and distractors
     content = sum(len(v) for v in queues.values())
     target = n_turns - n_questions
@@ -270,10 +297,47 @@ def plan_session(session_id: str, seed: int, n_turns: int, n_questions: int, cfg
     for _ in range(pad - n_distract):
         b = r.choice(branches)
         queues[b.id].insert(1 + r.randrange(len(queues[b.id])), Move("filler", b.id, variant=r.randrange(6)))
-    moves = schedule(r, branches, queues, questions, n_distract, cfg)
+    moves = schedule(r, branches, queues, questions, n_distract, cfg, after)
     if len(moves) != n_turns:
         raise PlanError(f"scheduled {len(moves)} turns, expected {n_turns}")
     return SessionPlan(session_id, seed, branches, moves)
+
+
+def _plan_link(r: random.Random, branches: list[Branch], queues: dict[int, list[Move]], q: dict,
+               after: dict[int, int], linked: set[tuple[int, str]], questions: list[dict]) -> None:
+    """A multi-intent turn for a linked_fact question on q's branch b: one of b's slots (set once, not its
+    intro, not updated) takes the value of a same-kind slot of a branch of another kind ("the same hotel
+    as Amelie's"). The link replaces b's own statement of that slot, so the value is stated only in the
+    secondary branch, and it waits in b's queue until that statement was made."""
+    b = branches[q["branch"]]
+    intro = queues[b.id][0].slot
+    # the partner's update questions compare against b's value of their slot: b must state it itself
+    asked = {x["slot"] for x in questions if x["branch"] == b.partner and x.get("slot")}
+    options = []
+    for s in b.slots:
+        if s == intro or len(b.slots[s]) != 1 or SLOT_TYPES[s][1] == "small_count" or (b.id, s) in linked or s in asked:
+            continue
+        if (branches[b.partner].id, s) in linked:
+            continue
+        for a in branches:
+            if a.kind == b.kind:
+                continue
+            for s2 in a.slots:
+                if SLOT_TYPES[s2][1] == SLOT_TYPES[s][1] and len(a.slots[s2]) == 1 and (a.id, s2) not in linked:
+                    options.append((s, a, s2))
+    if not options:
+        raise PlanError(f"branch {b.id} has no slot a multi-intent turn could link")
+    same = [o for o in options if o[0] == o[2]]  # "the same hotel as ..." reads best
+    s, a, s2 = r.choice(same or options)
+    value = a.slots[s2][0]
+    b.slots[s] = [value]
+    source = next(m for m in queues[a.id] if m.kind in ("intro", "set") and m.slot == s2)
+    k = next(i for i, m in enumerate(queues[b.id]) if m.kind == "set" and m.slot == s)
+    link = Move("link", b.id, slot=s, value=value, variant=r.randrange(4), link=a.id, link_slot=s2)
+    queues[b.id][k] = link
+    after[id(link)] = id(source)
+    linked.update({(b.id, s), (a.id, s2)})
+    q["slot"], q["_link"] = s, link
 
 
 def _supports(m: Move, q: dict) -> bool:
@@ -283,7 +347,7 @@ def _supports(m: Move, q: dict) -> bool:
         return m.kind == "artifact"
     if t in ("event_count", "event_sum"):
         return m.kind == "event"
-    return m.kind in ("intro", "set", "update") and m.slot == q["slot"]
+    return m.kind in ("intro", "set", "update", "link") and m.slot == q["slot"]
 
 
 def fmt_qty(x: float, unit: str) -> str:
@@ -292,9 +356,11 @@ def fmt_qty(x: float, unit: str) -> str:
 
 
 def schedule(r: random.Random, branches: list[Branch], queues: dict[int, list[Move]], questions: list[dict],
-             n_distract: int, cfg: dict) -> list[Move]:
+             n_distract: int, cfg: dict, after: dict[int, int] | None = None) -> list[Move]:
     """Interleave the branch queues with distractors; ask each question once its support is in the
-    prefix, a delayed one only after its branch has rested more than `delay_min` turns."""
+    prefix, a delayed one only after its branch has rested more than `delay_min` turns. A branch whose
+    next move is a link waits until the move it copies from (`after`) was emitted."""
+    after = after or {}
     delay = cfg["delay_min"]
     out: list[Move] = []
     emitted: set[int] = set()
@@ -341,13 +407,16 @@ def schedule(r: random.Random, branches: list[Branch], queues: dict[int, list[Mo
         if content_left == 0:
             raise PlanError(f"{len(pending)} question(s) could not be placed: their branch never rested long enough")
         resting = {q["branch"] for q in supported if q["type"] == "delayed_fact"}
-        choices = [b.id for b in branches if queues[b.id] and b.id not in resting]
+        free = [b.id for b in branches if queues[b.id] and after.get(id(queues[b.id][0]), -1) in emitted | {-1}]
+        choices = [bid for bid in free if bid not in resting]
         if distract_left and (not choices or r.random() < distract_left / (content_left + 1)):
             out.append(Move("distractor", None, variant=r.randrange(len(L.SMALLTALK))))
             distract_left -= 1
             continue
         if not choices:
-            choices = [b.id for b in branches if queues[b.id]]
+            choices = free
+        if not choices:
+            raise PlanError("every branch waits on a link whose source was not stated")
         prev = out[-1].branch if out else None
         # a supported referential question waits for its branch: steer there half of the time
         waiting = [q["branch"] for q in supported if q.get("specificity") == "referential" and q["branch"] in choices]

@@ -42,6 +42,14 @@ UPDATE = (
     "{first}'s {slot} is now {value} instead of {old}.",
     "Actually, move {first}'s {slot} to {value}.",
 )
+# a multi-intent turn: the primary branch's slot takes the value of another branch's slot, named but not
+# stated ({o...}: the secondary branch), so only the secondary trajectory holds the value
+LINK = (
+    "For {label}, use the same {oslot} as {olabel}.",
+    "Make {first}'s {slot} match the {oslot} of {olabel}.",
+    "{first} wants the same {oslot} that {ofirst} has for the {otitle}; set that as the {slot} of the {title}.",
+    "Copy {ofirst}'s {oslot} over to {label} as its {slot}.",
+)
 ARTIFACT = (
     "{first}'s {name}: {joined_then}.",
     "Here is the {name} for {label}: first {joined_first}.",
@@ -79,6 +87,8 @@ QUESTION = {
                      "Returning to {label}, remind me of the {slot}?"),
     "parallel_fact": ("What {slot} did we settle on for {label}?", "Which {slot} is set for {label}?",
                       "For {label}, what is the {slot}?"),
+    "linked_fact": ("Which {slot} does {label} have now?", "What {slot} did we end up with for {label}?",
+                    "Remind me, what is {first}'s {slot} for the {title}?"),
     "artifact_order": ("In the {name} for {label}, what is item number {n}?", "What is the {ordinal} item on {first}'s {name}?",
                        "Which entry comes {ordinal} in the {name} for {label}?"),
     "event_count": ("How many {noun} have been recorded for {label} so far?", "So far, how many {noun} did {first} log for the {title}?",
@@ -98,6 +108,8 @@ QUESTION_PARTIAL = {
                      "Returning to {task}, remind me of the {slot}?", "Picking {task} up again: what was the {slot}?"),
     "parallel_fact": ("What {slot} did we settle on for {task}?", "Which {slot} is set for {task}?",
                       "For {task}, what is the {slot}?", "Can you remind me of the {slot} we chose for {task}?"),
+    "linked_fact": ("Which {slot} does {task} have now?", "What {slot} did we end up with for {task}?",
+                    "For {task}, which {slot} is it in the end?", "Remind me of the {slot} we chose for {task}?"),
     "artifact_order": ("In the {name} for {task}, what is item number {n}?", "What is the {ordinal} item on the {name} of {task}?",
                        "Which entry comes {ordinal} in the {name} for {task}?", "For {task}, what is {ordinal} on the {name}?"),
     "event_count": ("How many {noun} have been recorded for {task} so far?", "So far, how many {noun} are logged for {task}?",
@@ -113,6 +125,8 @@ QUESTION_REFERENTIAL = {
                         "Before we updated it, what was the {slot}?", "Which {slot} did we have before?"),
     "parallel_fact": ("And the {slot} was?", "Which {slot} did we settle on again?", "Remind me of the {slot}?",
                       "What is the {slot}, remind me?"),
+    "linked_fact": ("And which {slot} does that give us?", "So what is the {slot} now?", "Remind me, which {slot} is that?",
+                    "What {slot} did that come to?"),
     "artifact_order": ("What is item number {n} on the {name}?", "And the {ordinal} item on the {name}?",
                        "Which entry comes {ordinal} in the {name} again?", "What's {ordinal} on the {name}?"),
     "event_count": ("How many {noun} so far?", "And how many {noun} is that now?", "Count the {noun} so far for me?",
@@ -125,6 +139,7 @@ ANSWER = {
     "update_previous": "Before the update, the {slot} for {label} was {gold}.",
     "delayed_fact": "The {slot} for {label} is {gold}.",
     "parallel_fact": "The {slot} for {label} is {gold}.",
+    "linked_fact": "The {slot} for {label} is {gold}.",
     "artifact_order": "Item {n} in the {name} for {label} is {gold}.",
     "event_count": "{gold} {noun} have been recorded for {label}.",
     "event_sum": "The {noun} for {label} total {gold}.",
@@ -146,6 +161,7 @@ class Turn:
     tags: list[str] = field(default_factory=list)
     summary: str = ""
     question: dict | None = None
+    gold_secondary: int | None = None  # a multi-intent turn: the latest turn of the other branch it draws on
 
 
 def _fmt(template: str, **kw) -> str:
@@ -164,9 +180,11 @@ def realize(plan: SessionPlan, start_day: int = 0) -> list[Turn]:
                      extraction=_empty(), summary=f"small talk: {user[:60]}")
         else:
             b = plan.branches[m.branch]
-            user, assistant, extraction, tags, summary = _branch_turn(b, m, r)
+            other = plan.branches[m.link] if m.link is not None else None
+            user, assistant, extraction, tags, summary = _branch_turn(b, m, r, other)
             t = Turn(i, user, assistant, ts, b.id, m.kind, m.kind == "question", tip.get(b.id),
-                     extraction=extraction, tags=tags, summary=summary, question=m.question)
+                     extraction=extraction, tags=tags, summary=summary, question=m.question,
+                     gold_secondary=None if other is None else tip[other.id])
             tip[b.id] = i
         turns.append(t)
     return turns
@@ -176,10 +194,21 @@ def _empty() -> dict:
     return {"states": [], "facts": [], "entities": [], "artifacts": [], "events": []}
 
 
-def _branch_turn(b: Branch, m: Move, r: random.Random):
+def _branch_turn(b: Branch, m: Move, r: random.Random, other: Branch | None = None):
     kw = {"owner": b.owner, "first": b.first, "title": b.title, "label": b.label}
     ex = _empty()
     tags: list[str] = []
+    if m.kind == "link":  # the value is named by reference only: no state, a fact relating the two branches
+        slot, oslot, tag = SLOT_WORDS[m.slot], SLOT_WORDS[m.link_slot], SLOT_TYPES[m.slot][0]
+        user = _fmt(LINK[m.variant % len(LINK)], slot=slot, oslot=oslot, olabel=other.label, ofirst=other.first,
+                    otitle=other.title, **kw)
+        if m.cue == "return" and b.label not in user:
+            user = f"Back to {b.label}. " + user
+        assistant = f"Done: the {slot} for {b.label} now matches the {oslot} of {other.label}."
+        ex["facts"] = [{"text": _clip(f"The {slot} for {b.label} is the same as the {oslot} of {other.label}"),
+                        "entities": [b.first, other.first], "tags": [tag]}]
+        ex["entities"] = _present([b.first, b.owner, other.first, other.owner], user)
+        return user, assistant, ex, [tag], f"{b.label}: {slot} same as the {oslot} of {other.label}"
     if m.kind in ("intro", "set", "update"):
         slot = SLOT_WORDS[m.slot]
         tag = SLOT_TYPES[m.slot][0]

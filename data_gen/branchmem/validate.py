@@ -12,7 +12,10 @@ Rules:
 - distinct:      the parallel trajectories stay distinguishable (different owners' first names);
 - specificity:   the question names its trajectory as its level says: explicit names the owner; partial
                  names the task by a word the partner's task lacks, and neither owner; referential names
-                 neither owner nor either task, and directly follows a statement of its own branch.
+                 neither owner nor either task, and directly follows a statement of its own branch;
+- multi_intent:  a link turn names both branches' owners, never states the value it copies, comes after
+                 the secondary branch stated that value, and its gold secondary state is that branch's
+                 latest turn; a linked_fact question's gold is that value, never stated in its own branch.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import re
 from .plan import SessionPlan, fmt_qty
 from .realize import Turn
 
-RULES = ("support", "no_leak", "confounder", "delayed", "distinct", "specificity")
+RULES = ("support", "no_leak", "confounder", "delayed", "distinct", "specificity", "multi_intent")
+VALUE_TYPES = ("update_current", "update_previous", "delayed_fact", "parallel_fact", "linked_fact")
 _STOP = {"the", "to", "in", "of", "a", "for"}
 
 
@@ -58,12 +62,18 @@ def specificity_failure(plan: SessionPlan, turns: list[Turn], qt: Turn) -> str |
     return None
 
 
-def branch_answer(turns: list[Turn], branch: int, q: dict, upto: int) -> str | None:
-    """The answer to question q about `branch`, computed from the plan-derived gold of turns[:upto]."""
+def branch_answer(turns: list[Turn], branch: int, q: dict, upto: int, plan: SessionPlan | None = None) -> str | None:
+    """The answer to question q about `branch`, computed from the plan-derived gold of turns[:upto]; with
+    the plan, a link turn's slot takes the secondary branch's value at that turn."""
     t = q["type"]
     prefix = [x for x in turns[:upto] if x.branch == branch and not x.is_question]
-    if t in ("update_current", "update_previous", "delayed_fact", "parallel_fact"):
-        values = [s["value"] for x in prefix for s in x.extraction["states"] if s["key"] == q["slot"]]
+    if t in VALUE_TYPES:
+        values = []
+        for x in prefix:
+            values += [s["value"] for s in x.extraction["states"] if s["key"] == q["slot"]]
+            m = plan.moves[x.index] if plan is not None else None
+            if m is not None and m.kind == "link" and m.slot == q["slot"]:
+                values.append(branch_answer(turns, m.link, {"type": "update_current", "slot": m.link_slot}, x.index))
         if t == "update_previous":
             return values[-2] if len(values) >= 2 else None
         return values[-1] if values else None
@@ -89,14 +99,42 @@ def _in_prefix_text(value: str, turns: list[Turn], branch: int, upto: int, compu
     return any(_mentioned(value, x.user) for x in turns[:upto] if x.branch == branch)
 
 
+def link_failures(plan: SessionPlan, turns: list[Turn]) -> list[str]:
+    """Why the session's multi-intent turns and linked_fact questions break the multi_intent rule."""
+    out = []
+    for t in turns:
+        m = plan.moves[t.index]
+        if m.kind != "link":
+            continue
+        where = f"{plan.session_id} turn {t.index} (link)"
+        b, a = plan.branches[m.branch], plan.branches[m.link]
+        words = _words(t.user)
+        if b.first.lower() not in words or a.first.lower() not in words:
+            out.append(f"{where}: does not name both owners ({b.first!r}, {a.first!r})")
+        if _mentioned(m.value, t.user) or _mentioned(m.value, t.assistant):
+            out.append(f"{where}: states the copied value {m.value!r}")
+        if branch_answer(turns, a.id, {"type": "update_current", "slot": m.link_slot}, t.index) != m.value:
+            out.append(f"{where}: the secondary branch has not stated {m.value!r} before the link")
+        latest = [x.index for x in turns[: t.index] if x.branch == a.id]
+        if not latest or t.gold_secondary != latest[-1]:
+            out.append(f"{where}: gold secondary {t.gold_secondary} is not the secondary branch's latest turn")
+    for qt in (t for t in turns if t.is_question and t.question["type"] == "linked_fact"):
+        own = [x for x in turns[: qt.index] if x.branch == qt.branch]
+        if any(_mentioned(qt.question["gold"], x.user + " " + x.assistant) for x in own):
+            out.append(f"{plan.session_id} turn {qt.index} (linked_fact): its own branch states the gold")
+    return out
+
+
 def validate_session(plan: SessionPlan, turns: list[Turn], delay_min: int) -> dict[str, list[str]]:
     fails: dict[str, list[str]] = {r: [] for r in RULES}
+    fails["multi_intent"] = link_failures(plan, turns)
     for qt in (t for t in turns if t.is_question):
         q = qt.question
         computed = q["type"] in ("event_count", "event_sum")
         where = f"{plan.session_id} turn {qt.index} ({q['type']})"
-        got = branch_answer(turns, qt.branch, q, qt.index)
-        if got != q["gold"] or not _in_prefix_text(q["gold"], turns, qt.branch, qt.index, computed):
+        got = branch_answer(turns, qt.branch, q, qt.index, plan)
+        stated_in = q.get("secondary_branch", qt.branch)  # a linked value is stated in the secondary branch
+        if got != q["gold"] or not _in_prefix_text(q["gold"], turns, stated_in, qt.index, computed):
             fails["support"].append(f"{where}: gold {q['gold']!r} not supported by the prefix (prefix gives {got!r})")
         for name in ("gold", "confounder"):
             if q.get(name) and _mentioned(q[name], qt.user):
@@ -107,7 +145,7 @@ def validate_session(plan: SessionPlan, turns: list[Turn], delay_min: int) -> di
         else:
             # the partner's answer to the same question; for "previous value" its current value
             pq = dict(q, type="update_current") if q["type"] == "update_previous" else q
-            partner_answer = branch_answer(turns, q["confounder_branch"], pq, qt.index)
+            partner_answer = branch_answer(turns, q["confounder_branch"], pq, qt.index, plan)
             if partner_answer != conf or not _in_prefix_text(conf, turns, q["confounder_branch"], qt.index, computed):
                 fails["confounder"].append(
                     f"{where}: confounder {conf!r} not supported by the partner branch's prefix ({partner_answer!r})")
