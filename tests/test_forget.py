@@ -394,7 +394,7 @@ def test_a_v2_memory_gains_its_provenance_on_open(tmp_path):
     db.commit()
     db.close()
     s = Store(str(mem))
-    assert s.get_meta("schema_version") == "3" and s.check() == []
+    assert s.get_meta("schema_version") == str(store_mod.SCHEMA_VERSION) and s.check() == []
     assert s.db.execute("SELECT * FROM provenance ORDER BY 1, 2, 3").fetchall() == want and want
     s.close()
 

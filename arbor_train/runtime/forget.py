@@ -221,6 +221,9 @@ def _cascade(mem: "ArborMemory", chosen: set[int], forced: dict[str, set[int]], 
                 children.append((int(cid), surviving_ancestor(int(pid))))
     for cid, pid in children:  # detach first: the foreign key must not point at a deleted row
         db.execute("UPDATE nodes SET parent_id=? WHERE id=?", (pid, cid))
+        # a secondary link to the new parent says nothing the forest does not (links to and from the
+        # deleted nodes go with them: ON DELETE CASCADE)
+        db.execute("DELETE FROM links WHERE node_id=? AND target_id IS ?", (cid, pid))
     old_roots = {int(rows[n][2]) for n in rows}
     forgotten_roots = {n for n in rows if rows[n][1] is None}
     for chunk in _chunks(sorted(rows, key=lambda n: -rows[n][3])):  # newest first: children before parents

@@ -14,6 +14,9 @@ A layer runs at most once per read: a later entry of a layer that already ran is
   update_evidence   UpdateEvidence: old -> new revision chains (update_budget; record_match)
   primary_path      PrimaryPath: the routed trajectory; past the branch budget, raw_recent newest nodes
                     raw and older ones as summaries (branch_budget)
+  secondary_path    SecondaryPath: the trajectories that the routed path's secondary links point to (a
+                    multi-intent turn on it), and a question's close runner-up (`localization.secondary`);
+                    their turns most relevant to the question and the linking turn first (secondary_budget)
   atomic_facts      AtomicFacts: facts retrieved independently, filtered by predicted tags (fact_budget)
   states            States: current single-version states that match (update_budget; record_match)
   artifacts         ArtifactEvidence: ordered lists that match (structured_budget; artifact_match)
@@ -169,6 +172,40 @@ def primary_path(r: Read, cap: int) -> Block | None:
     return packer.fill(Block("PrimaryPath"), [l for _, l in chosen], cap)
 
 
+def secondary_path(r: Read, cap: int) -> Block | None:
+    """The other trajectories this read depends on: those the routed path's links point to (the state
+    each multi-intent turn also continued) and the question's runner-up (`Localization.runner_up`). Their
+    turns not shown yet are ranked by the share of the question's and the linking turn's stems they hold
+    (newest first among equals) and packed in that order; the block lists them in conversation order."""
+    st = r.mem.store
+    on_path = {n.id for n in r.path}
+    targets = [(t, r.question + " " + n.user_text) for n in r.path for _, t, _ in st.links_from([n.id])]
+    targets += [(t, r.question) for t in r.loc.runner_up]
+    if not targets or cap <= 0:
+        return None
+    scored: dict[int, tuple[float, "Node"]] = {}
+    for target, cue in targets:
+        want = stems(cue)
+        for n in r.mem.store.trajectory(target, r.cc["max_path_nodes"]):
+            if n.id in on_path or n.id in r.shown:
+                continue
+            share = len(want & stems(n.user_text + " " + n.assistant_text)) / max(1, len(want))
+            if share > scored.get(n.id, (-1.0, n))[0]:
+                scored[n.id] = (share, n)
+    order = sorted(scored.values(), key=lambda x: (-x[0], -x[1].seq))
+    chosen: list = []
+    cap = min(cap, r.packer.remaining())
+    used = r.packer.cost("SecondaryPath", [])
+    for _, n in order:
+        line = (f"{ts_prefix(n.timestamp)}{n.raw}", [n.id])
+        cost = r.packer.cost("SecondaryPath", [line]) - r.packer.cost("SecondaryPath", [])
+        if used + cost <= cap:
+            chosen.append((n.seq, line))
+            used += cost
+    chosen.sort(key=lambda x: x[0])
+    return r.packer.fill(Block("SecondaryPath"), [l for _, l in chosen], cap) if chosen else None
+
+
 def atomic_facts(r: Read, cap: int) -> Block | None:
     if not r.abl["atomic_facts"]:
         return None
@@ -218,7 +255,7 @@ def events(r: Read, cap: int) -> Block | None:
 
 SUPPLEMENTAL_MATCH = ("entity", "keyword")
 SUPPLEMENTAL_RANK = ("keyword", "hybrid")
-RAW_BLOCKS = {"PrimaryPath", "Supplemental"}  # blocks whose lines are raw turns (a summary line is not)
+RAW_BLOCKS = {"PrimaryPath", "SecondaryPath", "Supplemental"}  # blocks whose lines are raw turns (a summary line is not)
 
 
 def supplemental_hits(r: Read, k: int) -> list[int]:
@@ -257,6 +294,7 @@ LAYERS: dict[str, tuple[Callable[[Read, int], Block | None], str]] = {
     "computed": (computed, "structured_budget"),
     "update_evidence": (update_evidence, "update_budget"),
     "primary_path": (primary_path, "branch_budget"),
+    "secondary_path": (secondary_path, "secondary_budget"),
     "atomic_facts": (atomic_facts, "fact_budget"),
     "states": (states, "update_budget"),
     "artifacts": (artifacts, "structured_budget"),

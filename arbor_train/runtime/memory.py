@@ -29,7 +29,7 @@ from .extract import Extraction, ExtractorSet, TurnInput
 from .index import VectorIndex, index_path
 from .layers import Read, build_blocks, check_layers
 from .rerank import build_reranker
-from .schema import Candidate, Localization, Node
+from .schema import Alternative, Candidate, Localization, Node
 from .store import Store
 from .tags import build_tagger
 from .text import entities as find_entities
@@ -268,10 +268,56 @@ class ArborMemory:
         best = cands[0]
         rcue = find_cue(text, loc_cfg["temporal_return_cues"])
         if rcue:
-            return Localization(self._tip(best.node_id), "temporal_return", best.score, rcue, cands)
-        if best.score >= self.new_root_threshold or for_question:
-            return Localization(self._tip(best.node_id), "rerank", best.score, candidates=cands)
-        return Localization(None, "rerank", best.score, candidates=cands)
+            loc = Localization(self._tip(best.node_id), "temporal_return", best.score, rcue, cands)
+        elif best.score >= self.new_root_threshold or for_question:
+            loc = Localization(self._tip(best.node_id), "rerank", best.score, candidates=cands)
+        else:
+            loc = Localization(None, "rerank", best.score, candidates=cands)
+        return self._alternatives(loc, for_question)
+
+    def _alternatives(self, loc: Localization, for_question: bool) -> Localization:
+        """Rank the trajectories behind the reranked candidates by confidence, and pick the secondary
+        states: for a turn, the best other trajectory at `secondary.min_confidence` or more (a link the
+        commit records); for a question, the runner-up when the top two are within `secondary.read_margin`.
+
+        Confidence is the softmax over the candidates' logits and the new-root logit (the threshold's),
+        divided by `secondary.temperature`: for a tuned reranker this is the distribution it was trained on
+        (listwise cross-entropy), so at temperature 1 it is calibrated by training; the heuristic's scores
+        are not logits, and eval.run reports the calibration error of either (ECE of the top trajectory)."""
+        sc = self.cfg["localization"].get("secondary") or {}
+        temp = float(sc.get("temperature", 1.0))
+        eps = 1e-6
+
+        def logit(p: float) -> float:
+            p = min(1 - eps, max(eps, p))
+            return math.log(p / (1 - p)) / temp
+
+        z = [logit(c.score) for c in loc.candidates] + [logit(self.new_root_threshold)]
+        top = max(z)
+        e = [math.exp(x - top) for x in z]
+        total = sum(e)
+        mass: dict[int, float] = {}
+        best: dict[int, int] = {}
+        for c, w in zip(loc.candidates, e):  # candidates are sorted best first
+            mass[c.root_id] = mass.get(c.root_id, 0.0) + w / total
+            best.setdefault(c.root_id, c.node_id)
+        loc.new_root_confidence = e[-1] / total
+        loc.alternatives = sorted((Alternative(self._tip(best[r]), r, m) for r, m in mass.items()),
+                                  key=lambda a: -a.confidence)
+        primary = self.store.get_node(loc.parent_id).root_id if loc.parent_id is not None else None
+        others = [a for a in loc.alternatives if a.root_id != primary]
+        if not others:
+            return loc
+        lead = mass.get(primary, 0.0)
+        if for_question:
+            margin = sc.get("read_margin")
+            if margin is not None and loc.parent_id is not None and lead - others[0].confidence < float(margin):
+                loc.runner_up = [others[0].node_id]
+        else:
+            floor = sc.get("min_confidence")
+            if floor is not None and loc.parent_id is not None and others[0].confidence >= float(floor):
+                loc.secondary = [others[0].node_id]
+        return loc
 
     @property
     def new_root_threshold(self) -> float:
@@ -355,6 +401,10 @@ class ArborMemory:
                     assistant_text=turn.assistant_text, node_summary=ex.summary, path_summary=path_summary,
                     topic_key=topic, entities=ents, keywords=ex.keywords, embedding=emb, speaker=speaker)
         st.insert_node(node, turn_key)
+        for target in loc.secondary:  # a multi-intent turn also continues another trajectory
+            if target != node.parent_id and st.get_node(target) is not None:
+                conf = next((a.confidence for a in loc.alternatives if a.node_id == target), 0.0)
+                st.add_link(conv, node.id, target, conf)
         self._update_anchor(node, parent)
         ts = turn.timestamp
         # facts are always written: the atomic-fact ablation removes their retrieval, not their extraction

@@ -56,6 +56,7 @@ def forest_json(mem: "ArborMemory", highlight: list[int] | None = None) -> dict[
         "counts": mem.stats(),
         "nodes": [n.to_json() for n in nodes],
         "roots": root_summaries(nodes),
+        "links": st.links(conv),  # secondary links of multi-intent turns: node -> the other state it continues
         "highlight": [int(i) for i in (highlight or [])],
         "evidence": {
             "facts": [asdict(f) for f in st.facts(conv)],
@@ -181,6 +182,14 @@ def render_forest(mem: "ArborMemory", out_path: str | Path, highlight: list[int]
         else:
             ax.plot(xs, ys, color=c, lw=lw, alpha=0.85, zorder=2)
 
+    # secondary links (multi-intent turns): dashed, from the linked state to the turn
+    for link in mem.store.links(mem.conv):
+        a, b = by_id.get(link["target_id"]), by_id.get(link["node_id"])
+        if a is not None and b is not None:
+            ax.annotate("", xy=(b.seq, y[b.id]), xytext=(a.seq, y[a.id]), zorder=2,
+                        arrowprops={"arrowstyle": "->", "linestyle": "--", "color": "0.35", "lw": lw * 0.8,
+                                    "connectionstyle": "arc3,rad=0.25"})
+
     # nodes
     plain = [n for n in nodes if n.id not in hl]
     marked = [n for n in nodes if n.id in hl]
@@ -222,6 +231,8 @@ def render_forest(mem: "ArborMemory", out_path: str | Path, highlight: list[int]
         ax.spines[side].set_visible(False)
     counts = mem.stats()
     default = f"conversation {mem.conv!r}: {_plural(counts['nodes'], 'node')}, {_plural(counts['roots'], 'root')}"
+    if counts.get("links"):
+        default += f", {_plural(counts['links'], 'secondary link')} (dashed)"
     if hl:
         default += f" (highlighted path: {_plural(len(hl), 'node')})"
     per_line = max(30, int(width * 72 / (11 * 0.62)) - 6)  # characters that fit across the figure

@@ -158,14 +158,35 @@ class Candidate:
 
 
 @dataclass
+class Alternative:
+    """One trajectory the input may resume: its state to attach to (the tip of the best candidate when
+    attaching at tips), its root, and its confidence: the reranker's softmax over every candidate and
+    the new-root option (the distribution a tuned reranker is trained on), summed over the trajectory."""
+
+    node_id: int
+    root_id: int
+    confidence: float
+
+
+@dataclass
 class Localization:
-    """Where an input attaches: a parent node, or a new root (parent_id is None)."""
+    """Where an input attaches: a parent node, or a new root (parent_id is None).
+
+    `alternatives`: the trajectories ranked by confidence (after a rerank), `new_root_confidence` the
+    new-root option's share. `secondary`: states a commit links beside the parent (a multi-intent turn:
+    the runner-up trajectory is confident enough, `localization.secondary.min_confidence`);
+    `runner_up`: for a question whose top two trajectories are within `localization.secondary.read_margin`,
+    the second one, which the read adds (`secondary_path` layer)."""
 
     parent_id: int | None
     route: str  # continuation | temporal_return | rerank | recall | linear | first | empty
     score: float
     cue: str | None = None
     candidates: list[Candidate] = field(default_factory=list)
+    alternatives: list[Alternative] = field(default_factory=list)
+    new_root_confidence: float | None = None
+    secondary: list[int] = field(default_factory=list)
+    runner_up: list[int] = field(default_factory=list)
 
     @property
     def new_root(self) -> bool:
@@ -177,6 +198,11 @@ class Localization:
             "route": self.route,
             "score": round(float(self.score), 4),
             "cue": self.cue,
+            "alternatives": [{"node_id": a.node_id, "root_id": a.root_id, "confidence": round(a.confidence, 4)}
+                             for a in self.alternatives],
+            "new_root_confidence": None if self.new_root_confidence is None else round(self.new_root_confidence, 4),
+            "secondary": list(self.secondary),
+            "runner_up": list(self.runner_up),
             "candidates": [
                 {"node_id": c.node_id, "score": round(float(c.score), 4), "channels": c.channels,
                  "topic_key": c.topic_key, "node_summary": c.node_summary}

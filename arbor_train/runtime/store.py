@@ -49,7 +49,7 @@ from ..errors import InputError, UserError
 from .schema import AtomicFact, Artifact, Event, Node, StateRecord
 from .text import STOPWORDS, content_words
 
-SCHEMA_VERSION = 3  # v2: injective conversation tokens, nodes.turn_key; v3: provenance, forgetting
+SCHEMA_VERSION = 4  # v2: injective conversation tokens, nodes.turn_key; v3: provenance, forgetting; v4: links
 FTS_SECURE_DELETE = sqlite3.sqlite_version_info >= (3, 42, 0)
 
 DDL = """
@@ -99,6 +99,11 @@ CREATE TABLE IF NOT EXISTS forgotten_turns(
   conversation_id TEXT NOT NULL, turn_key TEXT NOT NULL, PRIMARY KEY(conversation_id, turn_key)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS index_tombstones(
   conversation_id TEXT NOT NULL, node_id INTEGER NOT NULL, PRIMARY KEY(conversation_id, node_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS links(
+  node_id INTEGER NOT NULL REFERENCES nodes(id) ON DELETE CASCADE,
+  target_id INTEGER NOT NULL REFERENCES nodes(id) ON DELETE CASCADE,
+  conversation_id TEXT NOT NULL, confidence REAL NOT NULL, PRIMARY KEY(node_id, target_id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS links_target ON links(target_id);
 CREATE INDEX IF NOT EXISTS facts_root ON facts(root_id);
 CREATE INDEX IF NOT EXISTS records_root ON records(root_id);
 CREATE INDEX IF NOT EXISTS artifacts_root ON artifacts(root_id);
@@ -112,7 +117,7 @@ TURN_KEY_INDEX = ("CREATE UNIQUE INDEX IF NOT EXISTS nodes_turn ON nodes(convers
 FTS_TABLES = {"node_fts": "nodes", "root_fts": "nodes", "fact_fts": "facts", "record_fts": "records",
               "artifact_fts": "artifacts", "event_fts": "events"}
 DATA_TABLES = ("meta", "nodes", "forked_roots", "facts", "records", "artifacts", "events", "provenance",
-               "forgotten_turns", "index_tombstones")
+               "forgotten_turns", "index_tombstones", "links")
 # derived tables: every row lists its source nodes (JSON `sources`, mirrored in `provenance`)
 DERIVED_TABLES = ("facts", "records", "artifacts", "events")
 
@@ -189,12 +194,14 @@ class Store:
                 self.db.execute(SPEAKER_INDEX)
             else:
                 version = int(row[0])
-                if version not in (1, 2, SCHEMA_VERSION):
+                if version not in (1, 2, 3, SCHEMA_VERSION):
                     raise InputError(f"{self.path}: memory schema v{row[0]}; this runtime reads v1 to v{SCHEMA_VERSION}")
                 if version == 1:
                     self._migrate_v1()
                 if version <= 2:
                     self._migrate_v2()
+                # v3 -> v4: the links table and its index come from the DDL above
+                self.db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
             self.db.execute(TURN_KEY_INDEX)
             if FTS_SECURE_DELETE:  # persistent per table: deletes remove the row's terms from the index
                 for fts in FTS_TABLES:
@@ -323,7 +330,8 @@ class Store:
 
         SQLite page integrity, FTS5 index integrity, one FTS row per indexed row with its conversation's
         token, forest links (parent in the same conversation, root and depth follow the parent, seq
-        0..n-1 per conversation) and provenance (every source is a node of the same conversation).
+        0..n-1 per conversation), secondary links (both ends nodes of one conversation, pointing back,
+        never to the parent) and provenance (every source is a node of the same conversation).
         """
         bad: list[str] = []
         with self.snapshot():
@@ -391,6 +399,12 @@ class Store:
                         bad.append(f"{table} row {rid}: supersedes {sup}, which is not superseded by it")
                     if by is not None and (by not in ids or ids[by][0] != rid):
                         bad.append(f"{table} row {rid}: superseded by {by}, which does not supersede it")
+            for nid, target, conv in self.db.execute("SELECT node_id, target_id, conversation_id FROM links"):
+                n, t = nodes.get(int(nid)), nodes.get(int(target))
+                if n is None or t is None or n[1] != conv or t[1] != conv:
+                    bad.append(f"link {nid} -> {target}: not two nodes of conversation {conv!r}")
+                elif t[2] >= n[2] or int(target) == n[3]:
+                    bad.append(f"link {nid} -> {target}: a link points to an earlier node other than the parent")
             for (tk_conv, n) in self.db.execute("SELECT conversation_id, COUNT(*) FROM index_tombstones "
                                                 "WHERE node_id IN (SELECT id FROM nodes) GROUP BY 1"):
                 bad.append(f"conversation {tk_conv!r}: {n} index tombstones name live nodes")
@@ -798,6 +812,22 @@ class Store:
     def search_events(self, conv: str, text: str, k: int) -> list[Event]:
         return [self._ev(r) for r in self._search_rows("events", self._EV_COLS, conv, text, k)]
 
+    # ------------------------------------------------------------------ secondary links
+    def add_link(self, conv: str, node_id: int, target_id: int, confidence: float) -> None:
+        """A secondary link: node_id (a multi-intent turn) also continues target_id's trajectory."""
+        self.db.execute("INSERT OR REPLACE INTO links VALUES(?,?,?,?)", (node_id, target_id, conv, float(confidence)))
+
+    def links_from(self, node_ids: list[int]) -> list[tuple[int, int, float]]:
+        """(node, target, confidence) of the links leaving these nodes, in node order."""
+        if not node_ids:
+            return []
+        q = f"SELECT node_id, target_id, confidence FROM links WHERE node_id IN ({','.join('?' * len(node_ids))})"
+        return sorted((int(a), int(b), float(c)) for a, b, c in self.db.execute(q, node_ids))
+
+    def links(self, conv: str) -> list[dict[str, Any]]:
+        return [{"node_id": int(a), "target_id": int(b), "confidence": round(float(c), 4)} for a, b, c in self.db.execute(
+            "SELECT node_id, target_id, confidence FROM links WHERE conversation_id=? ORDER BY node_id, target_id", (conv,))]
+
     def counts(self, conv: str) -> dict[str, int]:
         out = {}
         for table in ("nodes", "facts", "records", "artifacts", "events"):
@@ -805,4 +835,5 @@ class Store:
                                              (conv,)).fetchone()[0])
         out["roots"] = int(self.db.execute("SELECT COUNT(*) FROM nodes WHERE conversation_id=? AND parent_id IS NULL",
                                            (conv,)).fetchone()[0])
+        out["links"] = int(self.db.execute("SELECT COUNT(*) FROM links WHERE conversation_id=?", (conv,)).fetchone()[0])
         return out
