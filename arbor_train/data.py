@@ -78,13 +78,18 @@ class RerankGroup:
     gold: int            # index into docs; -1 = new root (the null option)
     source: str          # routing | localization
     cands: list[dict]    # the candidate rows behind docs (same order), for baselines
+    secondary: int = -1  # a multi-intent turn: index of its secondary gold (a second positive); -1 = none
 
 
 def rerank_groups(rows, source: str, group_size: int, include_new_root: bool = True) -> list[RerankGroup]:
     """The latest gold-trajectory state + the hardest negatives (by the runtime's own score).
 
     Other states of the gold trajectory are left out rather than used as negatives: attaching to any of
-    them resumes the right trajectory (the runtime attaches at its tip), so they are not errors."""
+    them resumes the right trajectory (the runtime attaches at its tip), so they are not errors.
+
+    A multi-intent routing row (`gold_secondary`) is a multi-positive group: the latest recalled state of
+    its secondary trajectory joins as the second positive (`RerankGroup.secondary`), and that
+    trajectory's other states are left out of the negatives too."""
     out = []
     for r in rows:
         cands = list(r["candidates"])
@@ -93,9 +98,13 @@ def rerank_groups(rows, source: str, group_size: int, include_new_root: bool = T
         new_root = source == "routing" and r["gold_parent"] < 0
         if not golds and not (new_root and include_new_root):
             continue
-        negs = sorted((c for c in cands if c["turn"] not in gold), key=lambda c: -c["runtime_score"])
+        second = set(r.get("secondary_states") or []) - gold
+        seconds = [c for c in cands if c["turn"] in second] if golds else []
+        negs = sorted((c for c in cands if c["turn"] not in gold and c["turn"] not in second),
+                      key=lambda c: -c["runtime_score"])
         if golds:
-            docs = [max(golds, key=lambda c: c["turn"])] + negs[: group_size - 1]
+            lead = [max(golds, key=lambda c: c["turn"])] + ([max(seconds, key=lambda c: c["turn"])] if seconds else [])
+            docs = lead + negs[: group_size - len(lead)]
         else:
             docs = negs[:group_size]
         if not docs:
@@ -103,7 +112,8 @@ def rerank_groups(rows, source: str, group_size: int, include_new_root: bool = T
         order = sorted(range(len(docs)), key=lambda i: docs[i]["turn"])  # no positional shortcut
         texts = [candidate_text(docs[i]) for i in order]
         g = order.index(0) if golds else -1
-        out.append(RerankGroup(r["input"], texts, g, source, [docs[i] for i in order]))
+        out.append(RerankGroup(r["input"], texts, g, source, [docs[i] for i in order],
+                               order.index(1) if seconds else -1))
     return out
 
 
@@ -116,7 +126,7 @@ def encode_groups(groups: list[RerankGroup], tokenizer, max_length: int, pair_fe
     for g in groups:
         enc = encode_pairs(tokenizer, [g.query] * len(g.docs), g.docs, max_length)
         ex = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
-              "token_type_ids": enc.get("token_type_ids"), "gold": g.gold}
+              "token_type_ids": enc.get("token_type_ids"), "gold": g.gold, "secondary": g.secondary}
         if pair_features:
             ex["features"], ex["query_features"] = features(g.query, [candidate_of(c) for c in g.cands])
         out.append(ex)
@@ -135,7 +145,7 @@ def encode_groups_llm(groups: list[RerankGroup], tokenizer, max_length: int) -> 
             enc = tokenizer(rerank_prompt(tokenizer, g.query, d), add_special_tokens=False)["input_ids"]
             ids.append(enc[-max_length:])
         out.append({"input_ids": ids, "attention_mask": [[1] * len(x) for x in ids], "gold": g.gold,
-                    "left_pad": True})
+                    "secondary": g.secondary, "left_pad": True})
     return out
 
 
@@ -149,7 +159,8 @@ def collate_groups(batch: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     out = {"input_ids": pad_sequences(seqs, pad_id, left),
            "attention_mask": pad_sequences([[1] * len(x) for x in seqs], 0, left),
            "group_sizes": torch.tensor([len(ex["input_ids"]) for ex in batch]),
-           "gold": torch.tensor([ex["gold"] for ex in batch])}
+           "gold": torch.tensor([ex["gold"] for ex in batch]),
+           "secondary": torch.tensor([ex.get("secondary", -1) for ex in batch])}
     if batch and batch[0].get("token_type_ids"):
         out["token_type_ids"] = pad_sequences([t for ex in batch for t in ex["token_type_ids"]], 0, left)
     if batch and "features" in batch[0]:

@@ -203,11 +203,20 @@ class RerankerModule(RoleModule):
         return out
 
     def step_loss(self, batch: dict) -> tuple[torch.Tensor, int, list[torch.Tensor]]:
+        """Listwise cross-entropy over each group's candidates and its new-root option. A multi-positive
+        group (a multi-intent turn) has a soft target: `task.secondary_weight` of the mass on the secondary
+        gold, the rest on the primary, so the secondary ranks above the negatives and below the parent."""
         groups = self.group_logits(batch)
+        w = float(self.cfg["task"].get("secondary_weight", 0.0))
+        seconds = batch["secondary"].tolist() if "secondary" in batch else [-1] * len(groups)
         losses = []
-        for logits, gold in zip(groups, batch["gold"].tolist()):
+        for logits, gold, sec in zip(groups, batch["gold"].tolist(), seconds):
             target = len(logits) - 1 if gold < 0 else gold
-            losses.append(F.cross_entropy(logits.unsqueeze(0), torch.tensor([target], device=logits.device)))
+            logp = F.log_softmax(logits, 0)
+            if sec >= 0 and w > 0 and gold >= 0:
+                losses.append(-((1 - w) * logp[target] + w * logp[sec]))
+            else:
+                losses.append(-logp[target])
         return torch.stack(losses).mean(), len(groups), groups
 
     def collect_validation(self, batch: dict, groups: list[torch.Tensor]) -> None:
