@@ -47,6 +47,8 @@ class Observation:
 
     parent_turn: int | None = None
     route: str | None = None
+    secondary: tuple[int, ...] = ()           # turns a multi-intent commit also links to
+    confidence: float | None = None          # the chosen trajectory's confidence, when the method ranks them
 
 
 UNROUTED = Observation()
@@ -143,7 +145,13 @@ class ArborMemoryMethod(_ArborBacked):
         self._pending = None
         node = self.mem.commit(user, assistant, loc, ts, extraction=self._take(user, assistant, ts), speaker=speaker)
         self.turn_of[node.id] = turn
-        return Observation(self.turn_of.get(loc.parent_id) if loc.parent_id is not None else None, loc.route)
+        conf = None
+        if loc.alternatives:
+            root = self.mem.store.get_node(loc.parent_id).root_id if loc.parent_id is not None else None
+            conf = (loc.new_root_confidence if root is None
+                    else next((a.confidence for a in loc.alternatives if a.root_id == root), None))
+        return Observation(self.turn_of.get(loc.parent_id) if loc.parent_id is not None else None, loc.route,
+                           tuple(self.turn_of[i] for i in loc.secondary if i in self.turn_of), conf)
 
     def read(self, question, now, budget) -> ReadResult:
         loc, ctx = self.mem.read(question, now=now, budget=budget)

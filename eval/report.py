@@ -51,12 +51,13 @@ def table(rows: list[dict]) -> str:
 
 def label(r: dict) -> str:
     """A row's method, with its runtime profile where that is not the default and the bundles its runtime
-    overrides name (two rows of one profile with different bundles stay apart): `arbormem (tuned;
-    reranker=reranker_mixed, tagger=tagger)`."""
+    overrides name (two rows of one profile with different bundles stay apart), then its other overrides
+    by their last key: `arbormem (tuned; reranker=reranker_mixed, tagger=tagger; min_confidence=0.2)`."""
     prof = r.get("runtime_profile", "default")
-    bundles = [f"{k.removesuffix('.path').removesuffix('.bundle')}={Path(v).name}" for k, v in
-               (o.split("=", 1) for o in r.get("runtime_overrides") or [] if "=" in o) if k.endswith(".path")]
-    inner = "; ".join(x for x in (None if prof == "default" else prof, ", ".join(bundles)) if x)
+    pairs = [o.split("=", 1) for o in r.get("runtime_overrides") or [] if "=" in o]
+    bundles = [f"{k.removesuffix('.path').removesuffix('.bundle')}={Path(v).name}" for k, v in pairs if k.endswith(".path")]
+    options = [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in pairs if not k.endswith(".path")]
+    inner = "; ".join(x for x in (None if prof == "default" else prof, ", ".join(bundles), ", ".join(options)) if x)
     return f"{r['method']} ({inner})" if inner else r["method"]
 
 
@@ -122,6 +123,25 @@ def specificity_table(rows: list[dict]) -> str:
         cells = [" / ".join(_fmt(r["by_specificity"][lv].get(k)) for k in keys) if lv in r["by_specificity"] else "—"
                  for lv in levels]
         out.append(f"| {label(r)} | {r.get('ablation', 'full')} | {r.get('budget')} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def multi_intent_table(rows: list[dict]) -> str:
+    """BranchMemEval runs with multi-intent turns (preset formal_multi): routing of those turns (primary,
+    secondary link into the right branch), the share of single-intent turns linked anyway, the
+    calibration error of the routing confidences, and the linked_fact questions' gold / confounder in
+    context, gold without the confounder and accuracy ("" when no run has multi-intent turns)."""
+    rows = [r for r in rows if r.get("multi_intent")]
+    if not rows:
+        return ""
+    out = ["| method | ablation | budget | multi-intent turns | primary | secondary | single-intent linked | routing ECE "
+           "| questions | gold | confounder | gold only | accuracy |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(rows, key=lambda r: (label(r), r.get("ablation", ""), r.get("budget", 0))):
+        m = r["multi_intent"]
+        cells = [m.get(k) for k in ("turns", "primary", "secondary", "single_intent_linked")] + [r.get("routing_ece")]
+        cells += [m.get(k) for k in ("questions", "gold_in_context", "confounder_in_context", "gold_without_confounder",
+                                     "accuracy")]
+        out.append(f"| {label(r)} | {r.get('ablation', 'full')} | {r.get('budget')} | " + " | ".join(_fmt(c) for c in cells) + " |")
     return "\n".join(out) + "\n"
 
 
@@ -255,6 +275,8 @@ def report(paths: list[str | Path], out: str | Path) -> dict:
         md += "\nAnswer accuracy per dimension and question type, and error categories:\n\n" + acc
     if spec := specificity_table(rows):
         md += "\nPer question specificity (each column names its fields):\n\n" + spec
+    if multi := multi_intent_table(rows):
+        md += "\nMulti-intent turns and the questions that depend on them (preset formal_multi):\n\n" + multi
     if cat := category_table(rows):
         md += "\nPer LoCoMo category (evidence recall / answer-token recall):\n\n" + cat
     (out / "table.md").write_text(md)

@@ -107,7 +107,13 @@ def replay_session(sess: dict, method, answers, budget: int, apply_forget: bool 
         if obs.route is not None:
             chosen = obs.parent_turn
             ok = (chosen is None) if gold_parent is None else (chosen is not None and branch.get(chosen) == t["branch"])
-            trecs[-1].update({"turn": t["index"], "route": obs.route, "correct": ok, "gold_new_root": gold_parent is None})
+            trecs[-1].update({"turn": t["index"], "route": obs.route, "correct": ok, "gold_new_root": gold_parent is None,
+                              "confidence": obs.confidence, "is_question": t["is_question"]})
+            if t.get("gold_secondary") is not None:  # a multi-intent turn: did it also link the other branch?
+                want = branch[t["gold_secondary"]]
+                trecs[-1]["secondary_correct"] = any(branch.get(s) == want for s in obs.secondary)
+            else:
+                trecs[-1]["linked"] = bool(obs.secondary)
     return qrecs, trecs
 
 
@@ -136,6 +142,42 @@ def by_specificity(qrecs: list[dict]) -> dict[str, dict]:
     return out
 
 
+def multi_intent(qrecs: list[dict], routed: list[dict]) -> dict[str, Any] | None:
+    """Multi-intent turns and the questions that depend on them (None when the set has none): routing of
+    those turns (primary: the parent's trajectory; secondary: a link into the other branch), the share of
+    single-intent turns that got a link anyway, and, for the linked_fact questions, gold and confounder in
+    context, gold without the confounder, and accuracy when answered."""
+    turns = [r for r in routed if "secondary_correct" in r]
+    qs = [r for r in qrecs if r["dimension"] == "multi_intent"]
+    if not turns and not qs:
+        return None
+    single = [r["linked"] for r in routed if "linked" in r and not r["is_question"]]
+    out: dict[str, Any] = {"turns": len(turns), "primary": mean4([r["correct"] for r in turns]),
+                           "secondary": mean4([r["secondary_correct"] for r in turns]),
+                           "single_intent_linked": mean4(single), "questions": len(qs)}
+    if qs:
+        out.update(gold_in_context=mean4([r["gold_in_context"] for r in qs]),
+                   confounder_in_context=mean4([r["confounder_in_context"] for r in qs]),
+                   gold_without_confounder=mean4([r["gold_in_context"] and not r["confounder_in_context"] for r in qs]))
+        if "correct" in qs[0]:
+            out["accuracy"] = mean4([bool(r["correct"]) for r in qs])
+    return out
+
+
+def calibration_error(routed: list[dict], bins: int = 10) -> float | None:
+    """Expected calibration error of the chosen trajectory's confidence against routing correctness over
+    the turns that have one (equal-width bins): 0 means the confidences are calibrated."""
+    rs = [r for r in routed if r.get("confidence") is not None]
+    if not rs:
+        return None
+    err = 0.0
+    for k in range(bins):
+        b = [r for r in rs if k / bins <= r["confidence"] < (k + 1) / bins or (k == bins - 1 and r["confidence"] == 1.0)]
+        if b:
+            err += len(b) / len(rs) * abs(sum(r["confidence"] for r in b) / len(b) - sum(r["correct"] for r in b) / len(b))
+    return round(err, 4)
+
+
 def summarize(qrecs: list[dict], trecs: list[dict]) -> dict[str, Any]:
     from eval.scoring import ERROR_CATEGORIES, aggregate
 
@@ -157,6 +199,10 @@ def summarize(qrecs: list[dict], trecs: list[dict]) -> dict[str, Any]:
         out["state_localization_every_turn"] = round(sum(r["correct"] for r in routed) / len(routed), 4)
         out["routes"] = dict(Counter(r["route"] for r in routed))
     out["by_specificity"] = by_specificity(qrecs)
+    if multi := multi_intent(qrecs, routed):
+        out["multi_intent"] = multi
+    if (ece := calibration_error(routed)) is not None:
+        out["routing_ece"] = ece
     if qrecs and "correct" in qrecs[0]:
         agg = aggregate(qrecs, ["dimension", "question_type"])
         out["accuracy"] = agg["accuracy"]

@@ -1,0 +1,274 @@
+"""Multi-intent turns end to end: the generator's link turns and linked_fact questions (and their
+validation rule), the runtime's ranked alternatives, secondary links (store, check, forget, export,
+render, read), the reranker's multi-positive groups, and the harness's multi-intent and calibration
+summaries."""
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+
+from arbor_train.runtime import ArborMemory, Localization
+from data_gen.branchmem.generate import build_session, session_targets
+from data_gen.branchmem.validate import validate_session
+
+from test_branchmem import cfg, preset
+
+
+# ---------------------------------------------------------------- generator
+@pytest.fixture(scope="module")
+def multi(tmp_path_factory):
+    from data_gen.branchmem.__main__ import run
+
+    out = tmp_path_factory.mktemp("multi") / "set"
+    stats = run(cfg("preset=formal_multi", "seed=0", "mine=false", f"out_dir={out}"))
+    return out, stats
+
+
+def test_formal_multi_keeps_the_composition_and_links_every_linked_question(multi):
+    out, stats = multi
+    assert stats["sessions"] == 33 and stats["questions"] == 100 and stats["non_question_turns"] == 1442
+    assert stats["turns_per_session"] == {"min": 42, "max": 52, "mean": 46.73}
+    n_linked = stats["questions_by_type"]["linked_fact"]
+    assert n_linked >= 8 and stats["questions_by_dimension"]["multi_intent"] == n_linked
+    assert stats["validation"]["failures"]["multi_intent"] == 0
+    rows = [json.loads(x) for x in (out / "jsonl" / "sessions.jsonl").read_text().splitlines()]
+    seen = 0
+    for r in rows:
+        turns = r["turns"]
+        for q in (q for q in r["questions"] if q["type"] == "linked_fact"):
+            seen += 1
+            links = [t for t in turns[: q["turn"]] if t["branch"] == q["branch"] and "gold_secondary" in t]
+            assert links, "a linked_fact question follows the link turn of its branch"
+            link = links[-1]
+            sec = turns[link["gold_secondary"]]
+            assert sec["branch"] == q["secondary_branch"] != q["branch"]
+            # the value is stated in the secondary branch before the link, never in the question's own branch
+            assert any(q["gold"] in t["user"] for t in turns[: link["index"]] if t["branch"] == sec["branch"])
+            assert not any(q["gold"] in t["user"] + t["assistant"] for t in turns[: q["turn"]] if t["branch"] == q["branch"])
+    assert seen == n_linked
+    assert all("gold_secondary" not in t for r in rows for t in r["turns"] if t["move"] != "link")
+
+
+@pytest.fixture(scope="module")
+def linked_session():
+    p = preset("formal_multi")
+    targets = session_targets(p, 0)
+    for i in range(33):
+        plan, turns, _ = build_session(i, p, 0, targets)
+        if any(t.move == "link" for t in turns):
+            assert validate_session(plan, turns, p["delay_min"]) == {}
+            return p, plan, turns
+    raise AssertionError("no formal_multi session with a link turn")
+
+
+def _link(turns):
+    return next(t for t in turns if t.move == "link")
+
+
+def test_rule_multi_intent_catches_a_link_that_states_its_value(linked_session):
+    p, plan, turns = linked_session
+    turns = copy.deepcopy(turns)
+    t = _link(turns)
+    t.assistant += f" That is {plan.moves[t.index].value}."
+    assert "states the copied value" in " ".join(validate_session(plan, turns, p["delay_min"])["multi_intent"])
+
+
+def test_rule_multi_intent_catches_a_wrong_secondary_gold(linked_session):
+    p, plan, turns = linked_session
+    turns = copy.deepcopy(turns)
+    t = _link(turns)
+    t.gold_secondary = t.gold_parent
+    assert "is not the secondary branch's latest turn" in " ".join(
+        validate_session(plan, turns, p["delay_min"])["multi_intent"])
+
+
+def test_rule_multi_intent_catches_a_link_before_the_value_is_stated(linked_session):
+    p, plan, turns = linked_session
+    turns = copy.deepcopy(turns)
+    t = _link(turns)
+    m = plan.moves[t.index]
+    for x in turns[: t.index]:  # the secondary branch never stated the value
+        if x.branch == m.link:
+            x.extraction = {**x.extraction, "states": [s for s in x.extraction["states"] if s["key"] != m.link_slot]}
+    fails = validate_session(plan, turns, p["delay_min"])
+    assert "has not stated" in " ".join(fails["multi_intent"]) and fails["support"]
+
+
+# ---------------------------------------------------------------- runtime
+def _mem(runtime_cfg, tmp_path, **secondary):
+    cfg = copy.deepcopy(runtime_cfg)
+    cfg["localization"]["secondary"].update(secondary)
+    return ArborMemory.open(tmp_path / "m.sqlite", "c", cfg)
+
+
+TRIP_A = [("I'm helping Amelie Stone with a trip to Lisbon. Amelie's hotel is Casa Azul.", "Noted."),
+          ("Also, Amelie's budget is $2,400.", "Noted.")]
+TRIP_B = [("New thing to track: Erik Lund's trip to Oslo. To start, Erik's budget is $900.", "Noted.")]
+LINK = "For Erik's trip to Oslo, use the same hotel as Amelie's trip to Lisbon."
+
+
+def _commit_all(mem, turns):
+    return [mem.step(u, a)[0] for u, a in turns]
+
+
+def test_alternatives_are_a_distribution_over_trajectories_and_new_root(runtime_cfg, tmp_path):
+    mem = _mem(runtime_cfg, tmp_path)
+    _commit_all(mem, TRIP_A + TRIP_B)
+    loc = mem.localize(LINK)
+    assert loc.alternatives and loc.new_root_confidence is not None
+    assert math.isclose(sum(a.confidence for a in loc.alternatives) + loc.new_root_confidence, 1.0, rel_tol=1e-6)
+    assert len({a.root_id for a in loc.alternatives}) == len(loc.alternatives)  # one entry per trajectory
+    assert [a.confidence for a in loc.alternatives] == sorted((a.confidence for a in loc.alternatives), reverse=True)
+    assert loc.secondary == []  # min_confidence null: never links
+    mem.close()
+
+
+def test_a_confident_runner_up_is_linked_and_read_with_the_question(runtime_cfg, tmp_path):
+    mem = _mem(runtime_cfg, tmp_path, min_confidence=0.05)
+    a1, a2, b1 = _commit_all(mem, TRIP_A + TRIP_B)
+    node, loc = mem.step(LINK, "Done: the hotel for Erik's trip now matches Amelie's.")
+    assert node.root_id == b1.root_id and loc.secondary == [a2.id]
+    conf = next(a.confidence for a in loc.alternatives if a.node_id == a2.id)
+    assert mem.store.links_from([node.id]) == [(node.id, a2.id, pytest.approx(conf))]
+    assert mem.store.check() == [] and mem.stats()["links"] == 1
+    loc, ctx = mem.read("Which hotel does Erik's trip to Oslo have now?")
+    assert loc.parent_id == node.id
+    block = ctx.block("SecondaryPath")
+    assert block is not None and "Casa Azul" in block.render() and a1.id in block.node_ids
+    mem.close()
+
+
+def test_without_the_link_the_value_is_not_read(runtime_cfg, tmp_path):
+    mem = _mem(runtime_cfg, tmp_path)  # same turns, no secondary links
+    _commit_all(mem, TRIP_A + TRIP_B)
+    mem.step(LINK, "Done: the hotel for Erik's trip now matches Amelie's.")
+    _, ctx = mem.read("Which hotel does Erik's trip to Oslo have now?")
+    assert ctx.block("SecondaryPath") is None and mem.stats()["links"] == 0
+    mem.close()
+
+
+def test_a_close_runner_up_is_read_for_a_question_within_the_margin(runtime_cfg, tmp_path):
+    mem = _mem(runtime_cfg, tmp_path, read_margin=1.0)  # any runner-up is "close"
+    _commit_all(mem, TRIP_A + TRIP_B)
+    loc = mem.localize("And the budget was?", for_question=True)
+    assert loc.runner_up and loc.runner_up[0] != loc.parent_id
+    mem.close()
+    mem = _mem(runtime_cfg, tmp_path / "b", read_margin=0.0)  # nothing is closer than 0
+    _commit_all(mem, TRIP_A + TRIP_B)
+    assert mem.localize("And the budget was?", for_question=True).runner_up == []
+    mem.close()
+
+
+def test_links_are_exported_rendered_checked_and_forgotten_with_their_nodes(runtime_cfg, tmp_path):
+    from arbor_train.runtime.render import forest_json, render_forest
+
+    mem = _mem(runtime_cfg, tmp_path, min_confidence=0.05)
+    a1, a2, b1 = _commit_all(mem, TRIP_A + TRIP_B)
+    node, _ = mem.step(LINK, "Done.")
+    assert forest_json(mem)["links"] == [{"node_id": node.id, "target_id": a2.id,
+                                          "confidence": round(mem.store.links_from([node.id])[0][2], 4)}]
+    assert render_forest(mem, tmp_path / "f.png").endswith("f.png")
+    # the consistency check catches a link to the parent and a link forward in time
+    with mem.store.transaction():
+        mem.store.add_link("c", node.id, b1.id, 0.5)
+        mem.store.add_link("c", a1.id, node.id, 0.5)
+    bad = " ".join(mem.store.check())
+    assert f"link {node.id} -> {b1.id}" in bad and f"link {a1.id} -> {node.id}" in bad
+    with mem.store.transaction():
+        mem.store.db.execute("DELETE FROM links WHERE target_id IN (?, ?)", (b1.id, node.id))
+    assert mem.store.check() == []
+    mem.forget(nodes=[a2.id])  # the link's target goes: so does the link
+    assert mem.stats()["links"] == 0 and mem.store.check() == []
+    mem.close()
+
+
+def test_a_v3_memory_file_gains_the_links_table(runtime_cfg, tmp_path):
+    from arbor_train.runtime.store import SCHEMA_VERSION, Store
+
+    mem = _mem(runtime_cfg, tmp_path)
+    _commit_all(mem, TRIP_A)
+    mem.close()
+    s = Store(tmp_path / "m.sqlite")
+    with s.transaction():
+        s.db.execute("DROP TABLE links")
+        s.db.execute("UPDATE meta SET value='3' WHERE key='schema_version'")
+    s.close()
+    s = Store(tmp_path / "m.sqlite")
+    assert s.get_meta("schema_version") == str(SCHEMA_VERSION) and s.check() == [] and s.links("c") == []
+    s.close()
+
+
+# ---------------------------------------------------------------- training: multi-positive groups
+def _row(secondary: bool):
+    cands = [{"turn": t, "topic_key": f"t{t}", "path_summary": "p", "node_summary": f"s{t}", "entities": [],
+              "channels": "{}", "runtime_score": 1.0 / (t + 1), "recalled": True} for t in range(6)]
+    row = {"input": LINK, "candidates": cands, "gold_parent": 4, "gold_states": [1, 4]}
+    if secondary:
+        row.update(gold_secondary=3, secondary_states=[0, 3])
+    return row
+
+
+def test_multi_intent_rows_make_multi_positive_groups():
+    from arbor_train.data import rerank_groups
+
+    plain, = rerank_groups([_row(False)], "routing", 4)
+    multi, = rerank_groups([_row(True)], "routing", 4)
+    assert plain.secondary == -1 and plain.cands[plain.gold]["turn"] == 4
+    assert multi.cands[multi.gold]["turn"] == 4 and multi.cands[multi.secondary]["turn"] == 3
+    # the secondary trajectory's other state (turn 0) is neither a positive nor a negative
+    assert 0 not in {c["turn"] for c in multi.cands} and len(multi.cands) == 4
+
+
+def test_the_soft_target_puts_secondary_weight_on_the_secondary_gold():
+    from arbor_train.roles.reranker import RerankerModule
+
+    class M(RerankerModule):
+        def __init__(self, w):
+            torch.nn.Module.__init__(self)
+            self.cfg = {"task": {"secondary_weight": w}}
+            self.logits = torch.tensor([0.5, 2.0, 1.0, -1.0])  # three candidates + new root
+
+        def group_logits(self, batch):
+            return [self.logits]
+
+    batch = {"gold": torch.tensor([1]), "secondary": torch.tensor([2])}
+    logp = torch.log_softmax(torch.tensor([0.5, 2.0, 1.0, -1.0]), 0)
+    assert float(M(0.0).step_loss(batch)[0]) == pytest.approx(float(-logp[1]))
+    assert float(M(0.3).step_loss(batch)[0]) == pytest.approx(float(-(0.7 * logp[1] + 0.3 * logp[2])))
+    assert float(M(0.3).step_loss({"gold": torch.tensor([1]), "secondary": torch.tensor([-1])})[0]) == \
+        pytest.approx(float(-logp[1]))
+
+
+# ---------------------------------------------------------------- harness summaries
+def test_calibration_error_is_worked_out_by_hand():
+    from eval.protocols.branchmem import calibration_error
+
+    # bin [0.9, 1.0): confidences 0.95, 0.95, right and wrong -> |0.95 - 0.5| = 0.45 for half the turns;
+    # bin [0.2, 0.3): 0.25, 0.25, both wrong -> |0.25 - 0| = 0.25 for the other half: ECE = 0.35
+    recs = [{"confidence": 0.95, "correct": True}, {"confidence": 0.95, "correct": False},
+            {"confidence": 0.25, "correct": False}, {"confidence": 0.25, "correct": False},
+            {"confidence": None, "correct": True}]
+    assert calibration_error(recs) == pytest.approx(0.35)
+    assert calibration_error([{"confidence": None, "correct": True}]) is None
+
+
+def test_multi_intent_summary_counts_links_and_questions():
+    from eval.protocols.branchmem import multi_intent
+
+    routed = [{"correct": True, "secondary_correct": True, "is_question": False},
+              {"correct": False, "secondary_correct": False, "is_question": False},
+              {"correct": True, "linked": True, "is_question": False},
+              {"correct": True, "linked": False, "is_question": False},
+              {"correct": True, "linked": False, "is_question": False},
+              {"correct": True, "linked": True, "is_question": True}]  # questions never count as single-intent
+    qrecs = [{"dimension": "multi_intent", "gold_in_context": True, "confounder_in_context": False, "correct": True},
+             {"dimension": "multi_intent", "gold_in_context": True, "confounder_in_context": True, "correct": False},
+             {"dimension": "interleaving", "gold_in_context": False, "confounder_in_context": False, "correct": False}]
+    got = multi_intent(qrecs, routed)
+    assert got == {"turns": 2, "primary": 0.5, "secondary": 0.5, "single_intent_linked": round(1 / 3, 4),
+                   "questions": 2, "gold_in_context": 1.0, "confounder_in_context": 0.5,
+                   "gold_without_confounder": 0.5, "accuracy": 0.5}
+    assert multi_intent(qrecs[2:], routed[2:]) is None
