@@ -52,7 +52,7 @@ def table(rows: list[dict]) -> str:
 def label(r: dict) -> str:
     """A row's method, with its runtime profile where that is not the default and the bundles its runtime
     overrides name (two rows of one profile with different bundles stay apart), then its other overrides
-    by their last key: `arbormem (tuned; reranker=reranker_mixed, tagger=tagger; min_confidence=0.2)`."""
+    by their last key: `arbormem (tuned; reranker=reranker_mixed, tagger=tagger; min_score=0.5)`."""
     prof = r.get("runtime_profile", "default")
     pairs = [o.split("=", 1) for o in r.get("runtime_overrides") or [] if "=" in o]
     bundles = [f"{k.removesuffix('.path').removesuffix('.bundle')}={Path(v).name}" for k, v in pairs if k.endswith(".path")]
@@ -128,17 +128,18 @@ def specificity_table(rows: list[dict]) -> str:
 
 def multi_intent_table(rows: list[dict]) -> str:
     """BranchMemEval runs with multi-intent turns (preset formal_multi): routing of those turns (primary,
-    secondary link into the right branch), the share of single-intent turns linked anyway, the
+    secondary link into the right branch, both branches joined), the share of single-intent turns linked anyway, the
     calibration error of the routing confidences, and the linked_fact questions' gold / confounder in
     context, gold without the confounder and accuracy ("" when no run has multi-intent turns)."""
     rows = [r for r in rows if r.get("multi_intent")]
     if not rows:
         return ""
-    out = ["| method | ablation | budget | multi-intent turns | primary | secondary | single-intent linked | routing ECE "
-           "| questions | gold | confounder | gold only | accuracy |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out = ["| method | ablation | budget | multi-intent turns | primary | secondary | joined | single-intent linked "
+           "| routing ECE | questions | gold | confounder | gold only | accuracy |",
+           "|---|---|---:|" + "---:|" * 12]
     for r in sorted(rows, key=lambda r: (label(r), r.get("ablation", ""), r.get("budget", 0))):
         m = r["multi_intent"]
-        cells = [m.get(k) for k in ("turns", "primary", "secondary", "single_intent_linked")] + [r.get("routing_ece")]
+        cells = [m.get(k) for k in ("turns", "primary", "secondary", "joined", "single_intent_linked")] + [r.get("routing_ece")]
         cells += [m.get(k) for k in ("questions", "gold_in_context", "confounder_in_context", "gold_without_confounder",
                                      "accuracy")]
         out.append(f"| {label(r)} | {r.get('ablation', 'full')} | {r.get('budget')} | " + " | ".join(_fmt(c) for c in cells) + " |")

@@ -122,22 +122,34 @@ def test_alternatives_are_a_distribution_over_trajectories_and_new_root(runtime_
     assert math.isclose(sum(a.confidence for a in loc.alternatives) + loc.new_root_confidence, 1.0, rel_tol=1e-6)
     assert len({a.root_id for a in loc.alternatives}) == len(loc.alternatives)  # one entry per trajectory
     assert [a.confidence for a in loc.alternatives] == sorted((a.confidence for a in loc.alternatives), reverse=True)
-    assert loc.secondary == []  # min_confidence null: never links
+    assert loc.secondary == []  # min_score null: never links
     mem.close()
 
 
 def test_a_confident_runner_up_is_linked_and_read_with_the_question(runtime_cfg, tmp_path):
-    mem = _mem(runtime_cfg, tmp_path, min_confidence=0.05)
+    mem = _mem(runtime_cfg, tmp_path, min_score=0.05)
     a1, a2, b1 = _commit_all(mem, TRIP_A + TRIP_B)
     node, loc = mem.step(LINK, "Done: the hotel for Erik's trip now matches Amelie's.")
     assert node.root_id == b1.root_id and loc.secondary == [a2.id]
-    conf = next(a.confidence for a in loc.alternatives if a.node_id == a2.id)
-    assert mem.store.links_from([node.id]) == [(node.id, a2.id, pytest.approx(conf))]
+    score = next(a.score for a in loc.alternatives if a.node_id == a2.id)
+    assert mem.store.links_from([node.id]) == [(node.id, a2.id, pytest.approx(score))]
     assert mem.store.check() == [] and mem.stats()["links"] == 1
     loc, ctx = mem.read("Which hotel does Erik's trip to Oslo have now?")
     assert loc.parent_id == node.id
     block = ctx.block("SecondaryPath")
     assert block is not None and "Casa Azul" in block.render() and a1.id in block.node_ids
+    mem.close()
+
+
+def test_a_link_is_read_both_ways(runtime_cfg, tmp_path):
+    """A multi-intent turn attached to the other branch (primary and secondary swapped) still joins the two:
+    a question on its secondary trajectory reads the turn and the trajectory it was attached to."""
+    mem = _mem(runtime_cfg, tmp_path)
+    a1, a2, b1 = _commit_all(mem, TRIP_A + TRIP_B)
+    node = mem.commit(LINK, "Done.", Localization(a2.id, "gold", 1.0, secondary=[b1.id]))
+    ctx = mem.assemble("Which hotel does Erik's trip to Oslo have now?", Localization(b1.id, "gold", 1.0))
+    block = ctx.block("SecondaryPath")
+    assert block is not None and {node.id, a1.id} <= set(block.node_ids) and "Casa Azul" in block.render()
     mem.close()
 
 
@@ -165,11 +177,12 @@ def test_a_close_runner_up_is_read_for_a_question_within_the_margin(runtime_cfg,
 def test_links_are_exported_rendered_checked_and_forgotten_with_their_nodes(runtime_cfg, tmp_path):
     from arbor_train.runtime.render import forest_json, render_forest
 
-    mem = _mem(runtime_cfg, tmp_path, min_confidence=0.05)
+    mem = _mem(runtime_cfg, tmp_path, min_score=0.05)
     a1, a2, b1 = _commit_all(mem, TRIP_A + TRIP_B)
     node, _ = mem.step(LINK, "Done.")
     assert forest_json(mem)["links"] == [{"node_id": node.id, "target_id": a2.id,
                                           "confidence": round(mem.store.links_from([node.id])[0][2], 4)}]
+    assert mem.store.links_to([a2.id]) == mem.store.links_from([node.id])
     assert render_forest(mem, tmp_path / "f.png").endswith("f.png")
     # the consistency check catches a link to the parent and a link forward in time
     with mem.store.transaction():
@@ -258,8 +271,8 @@ def test_calibration_error_is_worked_out_by_hand():
 def test_multi_intent_summary_counts_links_and_questions():
     from eval.protocols.branchmem import multi_intent
 
-    routed = [{"correct": True, "secondary_correct": True, "is_question": False},
-              {"correct": False, "secondary_correct": False, "is_question": False},
+    routed = [{"correct": True, "secondary_correct": True, "joined": True, "is_question": False},
+              {"correct": False, "secondary_correct": False, "joined": True, "is_question": False},  # swapped
               {"correct": True, "linked": True, "is_question": False},
               {"correct": True, "linked": False, "is_question": False},
               {"correct": True, "linked": False, "is_question": False},
@@ -268,7 +281,24 @@ def test_multi_intent_summary_counts_links_and_questions():
              {"dimension": "multi_intent", "gold_in_context": True, "confounder_in_context": True, "correct": False},
              {"dimension": "interleaving", "gold_in_context": False, "confounder_in_context": False, "correct": False}]
     got = multi_intent(qrecs, routed)
-    assert got == {"turns": 2, "primary": 0.5, "secondary": 0.5, "single_intent_linked": round(1 / 3, 4),
+    assert got == {"turns": 2, "primary": 0.5, "secondary": 0.5, "joined": 1.0, "single_intent_linked": round(1 / 3, 4),
                    "questions": 2, "gold_in_context": 1.0, "confounder_in_context": 0.5,
                    "gold_without_confounder": 0.5, "accuracy": 0.5}
     assert multi_intent(qrecs[2:], routed[2:]) is None
+
+
+def test_one_run_sweeps_the_links_threshold():
+    from eval.protocols.branchmem import LINK_THRESHOLDS, multi_intent
+
+    routed = [{"correct": True, "secondary_correct": False, "joined": False, "is_question": False,
+               "runner_up_joins": True, "runner_up_score": 0.35},
+              {"correct": True, "secondary_correct": False, "joined": False, "is_question": False,
+               "runner_up_joins": False, "runner_up_score": 0.6},
+              {"correct": True, "linked": False, "is_question": False, "runner_up_score": 0.15},
+              {"correct": True, "linked": False, "is_question": False, "runner_up_score": 0.0}]
+    sweep = multi_intent([], routed)["by_threshold"]
+    assert list(sweep) == [str(t) for t in LINK_THRESHOLDS]
+    # 0.1: the joining runner-up (0.35) is linked, the wrong one (0.6) too; one of two single-intent turns
+    assert sweep["0.1"] == {"joined": 0.5, "single_intent_linked": 0.5}
+    assert sweep["0.2"] == {"joined": 0.5, "single_intent_linked": 0.0}
+    assert sweep["0.4"] == {"joined": 0.0, "single_intent_linked": 0.0}

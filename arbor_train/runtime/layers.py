@@ -14,8 +14,8 @@ A layer runs at most once per read: a later entry of a layer that already ran is
   update_evidence   UpdateEvidence: old -> new revision chains (update_budget; record_match)
   primary_path      PrimaryPath: the routed trajectory; past the branch budget, raw_recent newest nodes
                     raw and older ones as summaries (branch_budget)
-  secondary_path    SecondaryPath: the trajectories that the routed path's secondary links point to (a
-                    multi-intent turn on it), and a question's close runner-up (`localization.secondary`);
+  secondary_path    SecondaryPath: the trajectories that secondary links join to the routed path (either
+                    way), and a question's close runner-up (`localization.secondary`);
                     their turns most relevant to the question and the linking turn first (secondary_budget)
   atomic_facts      AtomicFacts: facts retrieved independently, filtered by predicted tags (fact_budget)
   states            States: current single-version states that match (update_budget; record_match)
@@ -173,13 +173,20 @@ def primary_path(r: Read, cap: int) -> Block | None:
 
 
 def secondary_path(r: Read, cap: int) -> Block | None:
-    """The other trajectories this read depends on: those the routed path's links point to (the state
-    each multi-intent turn also continued) and the question's runner-up (`Localization.runner_up`). Their
-    turns not shown yet are ranked by the share of the question's and the linking turn's stems they hold
-    (newest first among equals) and packed in that order; the block lists them in conversation order."""
+    """The other trajectories this read depends on: a link joins two trajectories both ways, so those
+    the routed path's links point to (the state each multi-intent turn on it also continued), those of
+    the turns that link into the path (a multi-intent turn attached to the other branch), and the
+    question's runner-up (`Localization.runner_up`). Their turns not shown yet are ranked by the share of
+    the question's and the linking turn's stems they hold (newest first among equals) and packed in that
+    order; the block lists them in conversation order."""
     st = r.mem.store
     on_path = {n.id for n in r.path}
-    targets = [(t, r.question + " " + n.user_text) for n in r.path for _, t, _ in st.links_from([n.id])]
+    ids = [n.id for n in r.path]
+    texts = {n.id: n.user_text for n in r.path}
+    targets = [(t, r.question + " " + texts[n]) for n, t, _ in st.links_from(ids)]
+    incoming = st.links_to(ids)
+    linking = st.get_nodes(sorted({n for n, _, _ in incoming}))
+    targets += [(n, r.question + " " + linking[n].user_text) for n, _, _ in incoming if n in linking]
     targets += [(t, r.question) for t in r.loc.runner_up]
     if not targets or cap <= 0:
         return None

@@ -277,13 +277,17 @@ class ArborMemory:
 
     def _alternatives(self, loc: Localization, for_question: bool) -> Localization:
         """Rank the trajectories behind the reranked candidates by confidence, and pick the secondary
-        states: for a turn, the best other trajectory at `secondary.min_confidence` or more (a link the
-        commit records); for a question, the runner-up when the top two are within `secondary.read_margin`.
+        states: for a turn, the best other trajectory when its best state scores `secondary.min_score` or
+        more (a link the commit records); for a question, the runner-up when the top two confidences are
+        within `secondary.read_margin`.
 
-        Confidence is the softmax over the candidates' logits and the new-root logit (the threshold's),
-        divided by `secondary.temperature`: for a tuned reranker this is the distribution it was trained on
-        (listwise cross-entropy), so at temperature 1 it is calibrated by training; the heuristic's scores
-        are not logits, and eval.run reports the calibration error of either (ECE of the top trajectory)."""
+        A trajectory's confidence is the softmax over each trajectory's best logit and the new-root logit
+        (the threshold's), divided by `secondary.temperature`. That is the distribution a tuned reranker is
+        trained on (listwise cross-entropy over one state per trajectory and the new-root option), so at
+        temperature 1 it is calibrated by training; the heuristic's scores are not logits, and eval.run
+        reports the calibration error of either (ECE of the chosen trajectory). Linking reads the
+        runner-up's own score instead: the softmax is about which one trajectory a turn resumes, while a
+        multi-intent turn resumes two."""
         sc = self.cfg["localization"].get("secondary") or {}
         temp = float(sc.get("temperature", 1.0))
         eps = 1e-6
@@ -292,30 +296,28 @@ class ArborMemory:
             p = min(1 - eps, max(eps, p))
             return math.log(p / (1 - p)) / temp
 
-        z = [logit(c.score) for c in loc.candidates] + [logit(self.new_root_threshold)]
+        best: dict[int, Candidate] = {}
+        for c in loc.candidates:  # sorted best first: the first of a trajectory is its best state
+            best.setdefault(c.root_id, c)
+        z = [logit(c.score) for c in best.values()] + [logit(self.new_root_threshold)]
         top = max(z)
         e = [math.exp(x - top) for x in z]
         total = sum(e)
-        mass: dict[int, float] = {}
-        best: dict[int, int] = {}
-        for c, w in zip(loc.candidates, e):  # candidates are sorted best first
-            mass[c.root_id] = mass.get(c.root_id, 0.0) + w / total
-            best.setdefault(c.root_id, c.node_id)
         loc.new_root_confidence = e[-1] / total
-        loc.alternatives = sorted((Alternative(self._tip(best[r]), r, m) for r, m in mass.items()),
-                                  key=lambda a: -a.confidence)
+        loc.alternatives = sorted((Alternative(self._tip(c.node_id), r, w / total, c.score)
+                                   for (r, c), w in zip(best.items(), e)), key=lambda a: -a.confidence)
         primary = self.store.get_node(loc.parent_id).root_id if loc.parent_id is not None else None
+        lead = next((a for a in loc.alternatives if a.root_id == primary), None)
         others = [a for a in loc.alternatives if a.root_id != primary]
-        if not others:
+        if lead is None or not others:
             return loc
-        lead = mass.get(primary, 0.0)
         if for_question:
             margin = sc.get("read_margin")
-            if margin is not None and loc.parent_id is not None and lead - others[0].confidence < float(margin):
+            if margin is not None and lead.confidence - others[0].confidence < float(margin):
                 loc.runner_up = [others[0].node_id]
         else:
-            floor = sc.get("min_confidence")
-            if floor is not None and loc.parent_id is not None and others[0].confidence >= float(floor):
+            floor = sc.get("min_score")
+            if floor is not None and others[0].score >= float(floor):
                 loc.secondary = [others[0].node_id]
         return loc
 
@@ -403,8 +405,8 @@ class ArborMemory:
         st.insert_node(node, turn_key)
         for target in loc.secondary:  # a multi-intent turn also continues another trajectory
             if target != node.parent_id and st.get_node(target) is not None:
-                conf = next((a.confidence for a in loc.alternatives if a.node_id == target), 0.0)
-                st.add_link(conv, node.id, target, conf)
+                score = next((a.score for a in loc.alternatives if a.node_id == target), 0.0)
+                st.add_link(conv, node.id, target, score)
         self._update_anchor(node, parent)
         ts = turn.timestamp
         # facts are always written: the atomic-fact ablation removes their retrieval, not their extraction

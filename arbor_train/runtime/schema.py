@@ -160,12 +160,14 @@ class Candidate:
 @dataclass
 class Alternative:
     """One trajectory the input may resume: its state to attach to (the tip of the best candidate when
-    attaching at tips), its root, and its confidence: the reranker's softmax over every candidate and
-    the new-root option (the distribution a tuned reranker is trained on), summed over the trajectory."""
+    attaching at tips), its root, its confidence (the reranker's softmax over each trajectory's best
+    state and the new-root option: the distribution a tuned reranker is trained on), and the reranker's
+    score of its best state."""
 
     node_id: int
     root_id: int
     confidence: float
+    score: float = 0.0
 
 
 @dataclass
@@ -174,7 +176,7 @@ class Localization:
 
     `alternatives`: the trajectories ranked by confidence (after a rerank), `new_root_confidence` the
     new-root option's share. `secondary`: states a commit links beside the parent (a multi-intent turn:
-    the runner-up trajectory is confident enough, `localization.secondary.min_confidence`);
+    the runner-up trajectory's best state scores `localization.secondary.min_score` or more);
     `runner_up`: for a question whose top two trajectories are within `localization.secondary.read_margin`,
     the second one, which the read adds (`secondary_path` layer)."""
 
@@ -198,8 +200,8 @@ class Localization:
             "route": self.route,
             "score": round(float(self.score), 4),
             "cue": self.cue,
-            "alternatives": [{"node_id": a.node_id, "root_id": a.root_id, "confidence": round(a.confidence, 4)}
-                             for a in self.alternatives],
+            "alternatives": [{"node_id": a.node_id, "root_id": a.root_id, "confidence": round(a.confidence, 4),
+                              "score": round(a.score, 4)} for a in self.alternatives],
             "new_root_confidence": None if self.new_root_confidence is None else round(self.new_root_confidence, 4),
             "secondary": list(self.secondary),
             "runner_up": list(self.runner_up),

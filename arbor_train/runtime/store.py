@@ -814,7 +814,8 @@ class Store:
 
     # ------------------------------------------------------------------ secondary links
     def add_link(self, conv: str, node_id: int, target_id: int, confidence: float) -> None:
-        """A secondary link: node_id (a multi-intent turn) also continues target_id's trajectory."""
+        """A secondary link: node_id (a multi-intent turn) also continues target_id's trajectory
+        (`confidence`: the reranker's score of the target when the turn was routed)."""
         self.db.execute("INSERT OR REPLACE INTO links VALUES(?,?,?,?)", (node_id, target_id, conv, float(confidence)))
 
     def links_from(self, node_ids: list[int]) -> list[tuple[int, int, float]]:
@@ -822,6 +823,13 @@ class Store:
         if not node_ids:
             return []
         q = f"SELECT node_id, target_id, confidence FROM links WHERE node_id IN ({','.join('?' * len(node_ids))})"
+        return sorted((int(a), int(b), float(c)) for a, b, c in self.db.execute(q, node_ids))
+
+    def links_to(self, node_ids: list[int]) -> list[tuple[int, int, float]]:
+        """(node, target, confidence) of the links arriving at these nodes (index links_target)."""
+        if not node_ids:
+            return []
+        q = f"SELECT node_id, target_id, confidence FROM links WHERE target_id IN ({','.join('?' * len(node_ids))})"
         return sorted((int(a), int(b), float(c)) for a, b, c in self.db.execute(q, node_ids))
 
     def links(self, conv: str) -> list[dict[str, Any]]:

@@ -109,9 +109,16 @@ def replay_session(sess: dict, method, answers, budget: int, apply_forget: bool 
             ok = (chosen is None) if gold_parent is None else (chosen is not None and branch.get(chosen) == t["branch"])
             trecs[-1].update({"turn": t["index"], "route": obs.route, "correct": ok, "gold_new_root": gold_parent is None,
                               "confidence": obs.confidence, "is_question": t["is_question"]})
+            # the runner-up's score, and for a multi-intent turn whether parent and runner-up join its two
+            # branches: what any links threshold (localization.secondary.min_score) would have linked
+            trecs[-1]["runner_up_score"] = obs.runner_up[1] if obs.runner_up else 0.0
             if t.get("gold_secondary") is not None:  # a multi-intent turn: did it also link the other branch?
-                want = branch[t["gold_secondary"]]
+                want, pair = branch[t["gold_secondary"]], {t["branch"], branch[t["gold_secondary"]]}
                 trecs[-1]["secondary_correct"] = any(branch.get(s) == want for s in obs.secondary)
+                trecs[-1]["joined"] = chosen is not None and any({branch.get(chosen), branch.get(s)} == pair
+                                                                 for s in obs.secondary)
+                trecs[-1]["runner_up_joins"] = (chosen is not None and obs.runner_up is not None
+                                                and {branch.get(chosen), branch.get(obs.runner_up[0])} == pair)
             else:
                 trecs[-1]["linked"] = bool(obs.secondary)
     return qrecs, trecs
@@ -142,19 +149,30 @@ def by_specificity(qrecs: list[dict]) -> dict[str, dict]:
     return out
 
 
+LINK_THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # min_score values multi_intent sweeps
+
+
 def multi_intent(qrecs: list[dict], routed: list[dict]) -> dict[str, Any] | None:
     """Multi-intent turns and the questions that depend on them (None when the set has none): routing of
-    those turns (primary: the parent's trajectory; secondary: a link into the other branch), the share of
-    single-intent turns that got a link anyway, and, for the linked_fact questions, gold and confounder in
-    context, gold without the confounder, and accuracy when answered."""
+    those turns (primary: the parent's trajectory; secondary: a link into the other branch; joined: parent
+    and a link cover both branches, either way round, which is what a read needs), the share of
+    single-intent turns that got a link anyway, joined and that share at each links threshold in
+    LINK_THRESHOLDS (from the runner-up trajectory's score: one run sweeps
+    `localization.secondary.min_score` on held-out data), and, for the linked_fact questions, gold and
+    confounder in context, gold without the confounder, and accuracy when answered."""
     turns = [r for r in routed if "secondary_correct" in r]
     qs = [r for r in qrecs if r["dimension"] == "multi_intent"]
     if not turns and not qs:
         return None
-    single = [r["linked"] for r in routed if "linked" in r and not r["is_question"]]
+    single = [r for r in routed if "linked" in r and not r["is_question"]]
     out: dict[str, Any] = {"turns": len(turns), "primary": mean4([r["correct"] for r in turns]),
                            "secondary": mean4([r["secondary_correct"] for r in turns]),
-                           "single_intent_linked": mean4(single), "questions": len(qs)}
+                           "joined": mean4([r["joined"] for r in turns]),
+                           "single_intent_linked": mean4([r["linked"] for r in single]), "questions": len(qs)}
+    if turns and all("runner_up_joins" in r for r in turns):  # what each links threshold would have done
+        out["by_threshold"] = {str(th): {
+            "joined": mean4([r["runner_up_joins"] and r["runner_up_score"] >= th for r in turns]),
+            "single_intent_linked": mean4([r["runner_up_score"] >= th for r in single])} for th in LINK_THRESHOLDS}
     if qs:
         out.update(gold_in_context=mean4([r["gold_in_context"] for r in qs]),
                    confounder_in_context=mean4([r["confounder_in_context"] for r in qs]),
