@@ -321,17 +321,24 @@ def test_question_texts_at_each_level_vary(mixed):
     assert len(openings["partial"]) >= 4 and len(openings["referential"]) >= 4
 
 
-@pytest.fixture(scope="module")
-def mixed_session():
-    p = preset("formal_mixed")
+def first_session(preset_name: str, want) -> tuple:
+    """(preset, plan, turns) of the first formal-composition session of the preset for which want(turns)
+    holds, checked valid."""
+    p = preset(preset_name)
     targets = session_targets(p, 0)
     for i in range(33):
         plan, turns, _ = build_session(i, p, 0, targets)
-        levels = {t.question["specificity"] for t in turns if t.is_question}
-        if {"explicit", "partial", "referential"} <= levels:
+        if want(turns):
             assert validate_session(plan, turns, p["delay_min"]) == {}
             return p, plan, turns
-    raise AssertionError("no formal_mixed session with questions at every level")
+    raise AssertionError(f"no {preset_name} session fits")
+
+
+@pytest.fixture(scope="module")
+def mixed_session():
+    """A formal_mixed session with questions at every level."""
+    return first_session("formal_mixed", lambda turns: {"explicit", "partial", "referential"}
+                         <= {t.question["specificity"] for t in turns if t.is_question})
 
 
 def _level(turns, level):

@@ -11,10 +11,9 @@ import pytest
 import torch
 
 from arbor_train.runtime import ArborMemory, Localization
-from data_gen.branchmem.generate import build_session, session_targets
 from data_gen.branchmem.validate import validate_session
 
-from test_branchmem import cfg, preset
+from test_branchmem import cfg, first_session
 
 
 # ---------------------------------------------------------------- generator
@@ -54,14 +53,8 @@ def test_formal_multi_keeps_the_composition_and_links_every_linked_question(mult
 
 @pytest.fixture(scope="module")
 def linked_session():
-    p = preset("formal_multi")
-    targets = session_targets(p, 0)
-    for i in range(33):
-        plan, turns, _ = build_session(i, p, 0, targets)
-        if any(t.move == "link" for t in turns):
-            assert validate_session(plan, turns, p["delay_min"]) == {}
-            return p, plan, turns
-    raise AssertionError("no formal_multi session with a link turn")
+    """A formal_multi session with a link turn."""
+    return first_session("formal_multi", lambda turns: any(t.move == "link" for t in turns))
 
 
 def _link(turns):
