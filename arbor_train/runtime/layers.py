@@ -176,39 +176,48 @@ def secondary_path(r: Read, cap: int) -> Block | None:
     """The other trajectories this read depends on: a link joins two trajectories both ways, so those
     the routed path's links point to (the state each multi-intent turn on it also continued), those of
     the turns that link into the path (a multi-intent turn attached to the other branch), and the
-    question's runner-up (`Localization.runner_up`). Their turns not shown yet are ranked by the share of
-    the question's and the linking turn's stems they hold (newest first among equals) and packed in that
-    order; the block lists them in conversation order."""
+    question's runner-up (`Localization.runner_up`). Their turns not shown yet are ranked by the
+    question's stems and those of the link's turn on the path (the multi-intent turn of an outgoing
+    link, the linked state of an incoming one) they hold, each weighted by 1 / the number of that
+    trajectory's turns holding it (newest first among equals), and packed in that order, each raw or, when
+    that does not fit, its user text alone; the block lists them in conversation order."""
     st = r.mem.store
     on_path = {n.id for n in r.path}
     ids = [n.id for n in r.path]
     texts = {n.id: n.user_text for n in r.path}
-    targets = [(t, r.question + " " + texts[n]) for n, t, _ in st.links_from(ids)]
-    incoming = st.links_to(ids)
-    linking = st.get_nodes(sorted({n for n, _, _ in incoming}))
-    targets += [(n, r.question + " " + linking[n].user_text) for n, _, _ in incoming if n in linking]
-    targets += [(t, r.question) for t in r.loc.runner_up]
+    # (the other trajectory's end, the words of the path's end of the link, which join the question's)
+    targets = [(t, texts[n]) for n, t, _ in st.links_from(ids)]
+    targets += [(n, texts[t]) for n, t, _ in st.links_to(ids)]
+    targets += [(t, "") for t in r.loc.runner_up]
     if not targets or cap <= 0:
         return None
     scored: dict[int, tuple[float, "Node"]] = {}
-    for target, cue in targets:
-        want = stems(cue)
-        for n in r.mem.store.trajectory(target, r.cc["max_path_nodes"]):
-            if n.id in on_path or n.id in r.shown:
+    for target, link_text in targets:
+        want = stems(r.question + " " + link_text)
+        nodes = [n for n in r.mem.store.trajectory(target, r.cc["max_path_nodes"]) if n.id not in on_path]
+        words = {n.id: stems(n.user_text + " " + n.assistant_text) for n in nodes}
+        df: dict[str, int] = {}
+        for w in words.values():
+            for x in w & want:
+                df[x] = df.get(x, 0) + 1
+        for n in nodes:  # a stem every turn of the trajectory shares (its owner, its title) tells little
+            if n.id in r.shown:
                 continue
-            share = len(want & stems(n.user_text + " " + n.assistant_text)) / max(1, len(want))
+            share = sum(1.0 / df[x] for x in words[n.id] & want)
             if share > scored.get(n.id, (-1.0, n))[0]:
                 scored[n.id] = (share, n)
     order = sorted(scored.values(), key=lambda x: (-x[0], -x[1].seq))
     chosen: list = []
     cap = min(cap, r.packer.remaining())
     used = r.packer.cost("SecondaryPath", [])
-    for _, n in order:
-        line = (f"{ts_prefix(n.timestamp)}{n.raw}", [n.id])
-        cost = r.packer.cost("SecondaryPath", [line]) - r.packer.cost("SecondaryPath", [])
-        if used + cost <= cap:
-            chosen.append((n.seq, line))
-            used += cost
+    for _, n in order:  # the turn raw, or its user text alone when the raw turn does not fit
+        for text in (n.raw, f"User: {n.user_text}"):
+            line = (f"{ts_prefix(n.timestamp)}{text}", [n.id])
+            cost = r.packer.cost("SecondaryPath", [line]) - r.packer.cost("SecondaryPath", [])
+            if used + cost <= cap:
+                chosen.append((n.seq, line))
+                used += cost
+                break
     chosen.sort(key=lambda x: x[0])
     return r.packer.fill(Block("SecondaryPath"), [l for _, l in chosen], cap) if chosen else None
 
