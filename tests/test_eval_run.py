@@ -513,13 +513,16 @@ def test_branchmem_summary_and_report_split_by_specificity(tmp_path):
     assert specificity_table(one_level) == "" and "specificity_curve.png" not in [p.name for p in plots(one_level, tmp_path / "x")]
 
 
-def test_report_labels_keep_rows_of_one_profile_with_different_bundles_apart():
+def test_report_labels_keep_rows_of_one_profile_with_different_bundles_or_options_apart():
     from eval.report import label
 
     base = {"method": "arbormem", "runtime_profile": "tuned"}
     assert label(dict(base, runtime_overrides=["reranker.bundle.path=outputs/bundles/reranker_mixed",
                                                "tagger.bundle.path=outputs/bundles/tagger", "extractors.summary=heuristic"])) \
-        == "arbormem (tuned; reranker=reranker_mixed, tagger=tagger)"
+        == "arbormem (tuned; reranker=reranker_mixed, tagger=tagger; summary=heuristic)"
+    # rows that differ only in an option (links on and off) stay apart too
+    assert label({"method": "arbormem", "runtime_profile": "default",
+                  "runtime_overrides": ["localization.secondary.min_score=0.2"]}) == "arbormem (min_score=0.2)"
     assert label(dict(base, runtime_overrides=["reranker.bundle.path=outputs/bundles/reranker"])) == "arbormem (tuned; reranker=reranker)"
     assert label({"method": "bm25", "runtime_profile": "default", "runtime_overrides": []}) == "bm25"
     assert label({"method": "arbormem", "runtime_profile": "default",

@@ -295,3 +295,18 @@ def test_one_run_sweeps_the_links_threshold():
     assert sweep["0.1"] == {"joined": 0.5, "single_intent_linked": 0.5}
     assert sweep["0.2"] == {"joined": 0.5, "single_intent_linked": 0.0}
     assert sweep["0.4"] == {"joined": 0.0, "single_intent_linked": 0.0}
+
+
+def test_report_tables_the_multi_intent_rows():
+    from eval.report import multi_intent_table
+
+    row = {"method": "arbormem", "runtime_profile": "default", "runtime_overrides": ["localization.secondary.min_score=0.2"],
+           "budget": 256, "routing_ece": 0.207,
+           "multi_intent": {"turns": 13, "primary": 0.7692, "secondary": 0.2308, "joined": 0.4615,
+                            "single_intent_linked": 0.1099, "questions": 13, "gold_in_context": 0.3077,
+                            "confounder_in_context": 0.1538, "gold_without_confounder": 0.3077}}
+    lines = multi_intent_table([row, {"method": "bm25", "budget": 256}]).splitlines()
+    assert len(lines) == 3  # header, rule, the one run with multi-intent turns
+    assert lines[2] == ("| arbormem (min_score=0.2) | full | 256 | 13 | 0.7692 | 0.2308 | 0.4615 | 0.1099 | 0.207 | 13 "
+                        "| 0.3077 | 0.1538 | 0.3077 | — |")
+    assert multi_intent_table([{"method": "bm25", "budget": 256}]) == ""
