@@ -124,6 +124,17 @@ def replay_session(sess: dict, method, answers, budget: int, apply_forget: bool 
     return qrecs, trecs
 
 
+def context_shares(rs: list[dict]) -> dict[str, float | None]:
+    """Of some question records (not empty): gold in context, confounder in context, gold without the
+    confounder, and accuracy when they were answered."""
+    out = {"gold_in_context": mean4([r["gold_in_context"] for r in rs]),
+           "confounder_in_context": mean4([r["confounder_in_context"] for r in rs]),
+           "gold_without_confounder": mean4([r["gold_in_context"] and not r["confounder_in_context"] for r in rs])}
+    if "correct" in rs[0]:
+        out["accuracy"] = mean4([bool(r["correct"]) for r in rs])
+    return out
+
+
 def by_specificity(qrecs: list[dict]) -> dict[str, dict]:
     """Per specificity level (explicit, partial, referential): questions, gold and confounder in context,
     gold without the confounder, state localization at questions, for a method with a primary-path block
@@ -135,16 +146,11 @@ def by_specificity(qrecs: list[dict]) -> dict[str, dict]:
         rs = [r for r in qrecs if r.get("specificity", "explicit") == level]
         if not rs:
             continue
-        row = {"questions": len(rs),
-               "gold_in_context": mean4([r["gold_in_context"] for r in rs]),
-               "confounder_in_context": mean4([r["confounder_in_context"] for r in rs]),
-               "gold_without_confounder": mean4([r["gold_in_context"] and not r["confounder_in_context"] for r in rs]),
+        row = {"questions": len(rs), **context_shares(rs),
                "state_localization": mean4([r["localization_correct"] for r in rs
                                             if r["localization_correct"] is not None])}
         if (prim := mean4([r["primary_gold_only"] for r in rs if r.get("primary_gold_only") is not None])) is not None:
             row["primary_gold_only"] = prim
-        if "correct" in rs[0]:
-            row["accuracy"] = mean4([bool(r["correct"]) for r in rs])
         out[level] = row
     return out
 
@@ -174,11 +180,7 @@ def multi_intent(qrecs: list[dict], routed: list[dict]) -> dict[str, Any] | None
             "joined": mean4([r["runner_up_joins"] and r["runner_up_score"] >= th for r in turns]),
             "single_intent_linked": mean4([r["runner_up_score"] >= th for r in single])} for th in LINK_THRESHOLDS}
     if qs:
-        out.update(gold_in_context=mean4([r["gold_in_context"] for r in qs]),
-                   confounder_in_context=mean4([r["confounder_in_context"] for r in qs]),
-                   gold_without_confounder=mean4([r["gold_in_context"] and not r["confounder_in_context"] for r in qs]))
-        if "correct" in qs[0]:
-            out["accuracy"] = mean4([bool(r["correct"]) for r in qs])
+        out.update(context_shares(qs))
     return out
 
 
