@@ -49,7 +49,7 @@ class Observation:
     route: str | None = None
     secondary: tuple[int, ...] = ()           # turns a multi-intent commit also links to
     confidence: float | None = None          # the chosen trajectory's confidence, when the method ranks them
-    runner_up: tuple[int, float] | None = None  # the best other trajectory: its state's turn, its best score
+    runner_up: tuple[int, float] | None = None  # the best trajectory a link could join: its state's turn, its best score
 
 
 UNROUTED = Observation()
@@ -146,14 +146,9 @@ class ArborMemoryMethod(_ArborBacked):
         self._pending = None
         node = self.mem.commit(user, assistant, loc, ts, extraction=self._take(user, assistant, ts), speaker=speaker)
         self.turn_of[node.id] = turn
-        conf, runner = None, None
-        if loc.alternatives:
-            root = self.mem.store.get_node(loc.parent_id).root_id if loc.parent_id is not None else None
-            conf = (loc.new_root_confidence if root is None
-                    else next((a.confidence for a in loc.alternatives if a.root_id == root), None))
-            other = next((a for a in loc.alternatives if a.root_id != root), None)
-            if root is not None and other is not None and other.node_id in self.turn_of:
-                runner = (self.turn_of[other.node_id], other.score)
+        other = loc.link_candidate
+        runner = (self.turn_of[other.node_id], other.score) if other and other.node_id in self.turn_of else None
+        conf = loc.confidence if loc.alternatives else None
         return Observation(self.turn_of.get(loc.parent_id) if loc.parent_id is not None else None, loc.route,
                            tuple(self.turn_of[i] for i in loc.secondary if i in self.turn_of), conf, runner)
 

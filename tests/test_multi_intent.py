@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from arbor_train.errors import ConfigError
 from arbor_train.runtime import ArborMemory, Localization
 from data_gen.branchmem.validate import validate_session
 
@@ -132,6 +133,31 @@ def test_a_confident_runner_up_is_linked_and_read_with_the_question(runtime_cfg,
     block = ctx.block("SecondaryPath")
     assert block is not None and "Casa Azul" in block.render() and a1.id in block.node_ids
     mem.close()
+
+
+def test_a_link_needs_a_trajectory_the_turn_names_apart_from_its_parent(runtime_cfg, tmp_path):
+    """With `evidence: entity` (the default) a turn about Erik alone gets no link even when every runner-up
+    clears the threshold; the multi-intent turn, which names Amelie, does. `evidence: none` links both."""
+    single = "For Erik's trip to Oslo, the budget goes up to $1,100."
+    mem = _mem(runtime_cfg, tmp_path, min_score=0.0)
+    a1, a2, b1 = _commit_all(mem, TRIP_A + TRIP_B)
+    node, loc = mem.step(single, "Updated Erik's budget.")
+    assert node.root_id == b1.root_id and loc.primary_root == b1.root_id
+    assert loc.link_candidate is None and loc.secondary == []
+    _, loc = mem.step(LINK, "Done.")
+    assert loc.link_candidate is not None and loc.link_candidate.root_id == a1.root_id
+    assert loc.secondary == [loc.link_candidate.node_id]
+    mem.close()
+    mem = _mem(runtime_cfg, tmp_path / "none", min_score=0.0, evidence="none")
+    a1, a2, b1 = _commit_all(mem, TRIP_A + TRIP_B)
+    _, loc = mem.step(single, "Updated Erik's budget.")
+    assert loc.link_candidate is not None and loc.link_candidate.root_id == a1.root_id and loc.secondary
+    mem.close()
+
+
+def test_an_unknown_link_evidence_is_refused_naming_the_option(runtime_cfg, tmp_path):
+    with pytest.raises(ConfigError, match="localization.secondary.evidence.*entity, none"):
+        _mem(runtime_cfg, tmp_path, evidence="entities")
 
 
 def test_a_link_is_read_both_ways(runtime_cfg, tmp_path):

@@ -73,6 +73,9 @@ class ArborMemory:
         cfg = _cfg(cfg)
         self.cfg = cfg
         self.layers = check_layers(cfg["context"])  # the read path, checked before any model loads
+        evidence = (cfg["localization"].get("secondary") or {}).get("evidence", "none")
+        if evidence not in ("entity", "none"):
+            raise ConfigError(f"option localization.secondary.evidence: {evidence!r}; valid values: entity, none")
         self.store = store
         self.conv = conversation_id
         comp = components or build_components(cfg)
@@ -273,9 +276,9 @@ class ArborMemory:
             loc = Localization(self._tip(best.node_id), "rerank", best.score, candidates=cands)
         else:
             loc = Localization(None, "rerank", best.score, candidates=cands)
-        return self._alternatives(loc, for_question)
+        return self._alternatives(loc, for_question, text)
 
-    def _alternatives(self, loc: Localization, for_question: bool) -> Localization:
+    def _alternatives(self, loc: Localization, for_question: bool, text: str) -> Localization:
         """Rank the trajectories behind the reranked candidates by confidence, and pick the secondary
         states: for a turn, the best other trajectory when its best state scores `secondary.min_score` or
         more (a link the commit records); for a question, the runner-up when the top two confidences are
@@ -287,7 +290,9 @@ class ArborMemory:
         temperature 1 it is calibrated by training; the heuristic's scores are not logits, and eval.run
         reports the calibration error of either (ECE of the chosen trajectory). Linking reads the
         runner-up's own score instead: the softmax is about which one trajectory a turn resumes, while a
-        multi-intent turn resumes two."""
+        multi-intent turn resumes two. With `secondary.evidence: entity` only a trajectory the turn names
+        apart from its parent's can be linked (`_named_apart`); `link_candidate` is the best such one,
+        whether or not it clears the threshold (eval sweeps thresholds from it)."""
         sc = self.cfg["localization"].get("secondary") or {}
         temp = float(sc.get("temperature", 1.0))
         eps = 1e-6
@@ -308,6 +313,8 @@ class ArborMemory:
                                    for (r, c), w in zip(best.items(), e)), key=lambda a: -a.confidence)
         primary = self.store.get_node(loc.parent_id).root_id if loc.parent_id is not None else None
         lead = next((a for a in loc.alternatives if a.root_id == primary), None)
+        loc.primary_root = primary
+        loc.confidence = loc.new_root_confidence if primary is None else (lead.confidence if lead else None)
         others = [a for a in loc.alternatives if a.root_id != primary]
         if lead is None or not others:
             return loc
@@ -315,11 +322,37 @@ class ArborMemory:
             margin = sc.get("read_margin")
             if margin is not None and lead.confidence - others[0].confidence < float(margin):
                 loc.runner_up = [others[0].node_id]
-        else:
-            floor = sc.get("min_score")
-            if floor is not None and others[0].score >= float(floor):
-                loc.secondary = [others[0].node_id]
+            return loc
+        if sc.get("evidence", "none") == "entity":
+            others = self._named_apart(text, loc.candidates, primary, others)
+        loc.link_candidate = others[0] if others else None
+        floor = sc.get("min_score")
+        if floor is not None and loc.link_candidate is not None and loc.link_candidate.score >= float(floor):
+            loc.secondary = [loc.link_candidate.node_id]
         return loc
+
+    @staticmethod
+    def _named_apart(text: str, candidates: list[Candidate], primary: int,
+                     others: list[Alternative]) -> list[Alternative]:
+        """The trajectories a turn names apart from its parent's: those whose candidate states' entities
+        (or topic) share a word with the turn's entities that the parent trajectory's states do not have.
+        A turn continues a second state only with evidence of it; "book Erik the same hotel as Amelie"
+        names Amelie, while a turn about Erik alone, or about a destination both trips share, names no
+        trajectory apart and gets no link."""
+        def words(items) -> set[str]:
+            out = set()
+            for e in items:
+                out |= {w for w in re.findall(r"[a-z0-9]+", re.sub(r"['’]s\b", "", e.lower())) if len(w) > 2}
+            return out
+
+        named = words(find_entities(text))
+        if not named:
+            return []
+        by_root: dict[int, set[str]] = {}
+        for c in candidates:
+            by_root.setdefault(c.root_id, set()).update(words(c.entities + [c.topic_key]))
+        apart = named - by_root.get(primary, set())
+        return [a for a in others if apart & by_root.get(a.root_id, set())]
 
     @property
     def new_root_threshold(self) -> float:

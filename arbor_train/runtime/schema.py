@@ -178,7 +178,9 @@ class Localization:
     new-root option's share. `secondary`: states a commit links beside the parent (a multi-intent turn:
     the runner-up trajectory's best state scores `localization.secondary.min_score` or more);
     `runner_up`: for a question whose top two trajectories are within `localization.secondary.read_margin`,
-    the second one, which the read adds (`secondary_path` layer)."""
+    the second one, which the read adds (`secondary_path` layer). `primary_root`, `confidence` and
+    `link_candidate` record the chosen trajectory, its confidence and the best trajectory a link could
+    join (after `secondary.evidence`), so callers need not rescan `alternatives`."""
 
     parent_id: int | None
     route: str  # continuation | temporal_return | rerank | recall | linear | first | empty
@@ -189,6 +191,9 @@ class Localization:
     new_root_confidence: float | None = None
     secondary: list[int] = field(default_factory=list)
     runner_up: list[int] = field(default_factory=list)
+    primary_root: int | None = None          # the chosen trajectory (None: a new root), after a rerank
+    confidence: float | None = None          # its confidence (the new-root option's for a new root)
+    link_candidate: Alternative | None = None  # a turn's best linkable other trajectory, threshold aside
 
     @property
     def new_root(self) -> bool:
