@@ -38,6 +38,8 @@ class ReadResult:
     route: str | None = None                                # None: the method does not localize
     primary: str | None = None                              # the block holding the selected trajectory
                                                             # ("" when it is empty); None: no such block
+    runner_up: tuple[int, ...] = ()                         # states of other trajectories the read also
+                                                            # reads (read_margin), as turn indices
 
 
 @dataclass(frozen=True)
@@ -159,7 +161,8 @@ class ArborMemoryMethod(_ArborBacked):
         sel = self.turn_of.get(loc.parent_id) if loc.parent_id is not None else None
         path = ctx.block("PrimaryPath")
         return ReadResult(ctx.text, ctx.tokens, turns, sel, loc.route,
-                          primary=path.render() if path is not None and path.lines else "")
+                          primary=path.render() if path is not None and path.lines else "",
+                          runner_up=tuple(self.turn_of[i] for i in loc.runner_up if i in self.turn_of))
 
 
 class _TurnStore(Method):

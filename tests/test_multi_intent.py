@@ -306,6 +306,23 @@ def test_multi_intent_summary_counts_links_and_questions():
     assert multi_intent(qrecs[2:], routed[2:]) is None
 
 
+def test_runner_up_reads_are_counted_per_level_and_when_localization_was_wrong():
+    from eval.protocols.branchmem import runner_up_reads
+
+    def q(level, read, right, loc):
+        return {"specificity": level, "runner_up_read": read, "runner_up_right": right, "localization_correct": loc}
+
+    qrecs = [q("referential", True, True, False),    # localized wrong, the margin read brought the right branch
+             q("referential", False, False, False),  # localized wrong, nothing read
+             q("referential", True, False, True),
+             q("explicit", False, False, True),
+             {"specificity": "explicit", "localization_correct": None}]  # a method that does not localize
+    assert runner_up_reads(qrecs) == {"questions": 4, "read": 0.5,
+                                      "by_specificity": {"referential": round(2 / 3, 4), "explicit": 0.0},
+                                      "localized_wrong": 2, "right_runner_up_when_wrong": 0.5}
+    assert runner_up_reads([q("explicit", False, False, True)]) is None
+
+
 def test_one_run_sweeps_the_links_threshold():
     from eval.protocols.branchmem import LINK_THRESHOLDS, multi_intent
 

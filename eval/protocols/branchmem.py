@@ -88,6 +88,9 @@ def replay_session(sess: dict, method, answers, budget: int, apply_forget: bool 
                    "localization_correct": (None if r.route is None
                                             else r.selected_turn is not None and branch.get(r.selected_turn) == q["branch"]),
                    "prediction": None}
+            if r.route is not None:  # read_margin: did the read add a runner-up, and was it the question's branch?
+                rec["runner_up_read"] = bool(r.runner_up)
+                rec["runner_up_right"] = any(branch.get(u) == q["branch"] for u in r.runner_up)
             if r.primary is not None:  # the routed trajectory's own block: the gold, and not the confounder?
                 pf = context_flags(r.primary, q["gold"], q["confounder"])
                 rec["primary_gold_only"] = pf["gold_in_context"] and not pf["confounder_in_context"]
@@ -184,6 +187,24 @@ def multi_intent(qrecs: list[dict], routed: list[dict]) -> dict[str, Any] | None
     return out
 
 
+def runner_up_reads(qrecs: list[dict]) -> dict[str, Any] | None:
+    """What `localization.secondary.read_margin` did at questions: the share that read a runner-up
+    trajectory, overall and per specificity level, and of the questions localized wrong, how many had
+    their own branch as that runner-up (the margin read brought in the right trajectory). None when no
+    question read one."""
+    rs = [r for r in qrecs if r.get("runner_up_read") is not None]
+    if not any(r["runner_up_read"] for r in rs):
+        return None
+    wrong = [r for r in rs if r["localization_correct"] is False]
+    levels = {}
+    for r in rs:
+        levels.setdefault(r.get("specificity", "explicit"), []).append(r["runner_up_read"])
+    return {"questions": len(rs), "read": mean4([r["runner_up_read"] for r in rs]),
+            "by_specificity": {k: mean4(v) for k, v in levels.items()},
+            "localized_wrong": len(wrong),
+            "right_runner_up_when_wrong": mean4([r["runner_up_right"] for r in wrong])}
+
+
 def calibration_error(routed: list[dict], bins: int = 10) -> float | None:
     """Expected calibration error of the chosen trajectory's confidence against routing correctness over
     the turns that have one (equal-width bins): 0 means the confidences are calibrated."""
@@ -221,6 +242,8 @@ def summarize(qrecs: list[dict], trecs: list[dict]) -> dict[str, Any]:
     out["by_specificity"] = by_specificity(qrecs)
     if multi := multi_intent(qrecs, routed):
         out["multi_intent"] = multi
+    if (ru := runner_up_reads(qrecs)) is not None:
+        out["runner_up_reads"] = ru
     if (ece := calibration_error(routed)) is not None:
         out["routing_ece"] = ece
     if qrecs and "correct" in qrecs[0]:
