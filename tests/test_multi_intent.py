@@ -181,6 +181,84 @@ def test_without_the_link_the_value_is_not_read(runtime_cfg, tmp_path):
     mem.close()
 
 
+def _current(mem, key):
+    return [(r.subject, r.value, r.root_id) for r in mem.store.records(mem.conv, include_superseded=False)
+            if r.key == key]
+
+
+def test_a_link_carries_the_state_it_names_onto_the_routed_trajectory(runtime_cfg, tmp_path):
+    """"The same hotel as Amelie's" states no value; with the link the commit writes Amelie's hotel as
+    Erik's, on Erik's trajectory, so the question reads it as a state (one hop). Without
+    `revision.resolve_links` the link is still recorded but no state is written."""
+    mem = _mem(runtime_cfg, tmp_path, min_score=0.05)
+    a1, a2, b1 = _commit_all(mem, TRIP_A + TRIP_B)
+    node, loc = mem.step(LINK, "Done.")
+    assert loc.secondary == [a2.id]
+    assert sorted(_current(mem, "hotel")) == [("Amelie", "Casa Azul", a1.root_id), ("Erik", "Casa Azul", b1.root_id)]
+    rec = next(r for r in mem.store.records(mem.conv) if r.subject == "Erik" and r.key == "hotel")
+    assert rec.sources == [node.id] and "hotel (Amelie): Casa Azul" in rec.evidence
+    _, ctx = mem.read("Which hotel does Erik's trip to Oslo have now?", budget=256)
+    assert "hotel (Erik): Casa Azul" in ctx.text
+    # the turn's line shows the value it took
+    assert "Assistant: Done. [state carried: hotel (Erik): Casa Azul]" in ctx.block("PrimaryPath").render()
+    assert "state carried" not in ctx.block("SecondaryPath").render()  # Amelie's turns state theirs
+    assert mem.store.check() == []
+    mem.close()
+    cfg = copy.deepcopy(runtime_cfg)
+    cfg["localization"]["secondary"]["min_score"] = 0.05
+    cfg["revision"]["resolve_links"] = False
+    mem = ArborMemory.open(tmp_path / "off.sqlite", "c", cfg)
+    _commit_all(mem, TRIP_A + TRIP_B)
+    _, loc = mem.step(LINK, "Done.")
+    assert loc.secondary and _current(mem, "hotel") == [("Amelie", "Casa Azul", mem.store.get_node(loc.secondary[0]).root_id)]
+    mem.close()
+
+
+def test_a_swapped_link_carries_the_value_from_the_trajectory_that_holds_the_key(runtime_cfg, tmp_path):
+    """Routed onto Amelie's trip with the link to Erik's: only Amelie's trip holds a hotel, so the value
+    still flows to Erik (the subject is the entity of the turn that Amelie's trajectory never named)."""
+    mem = _mem(runtime_cfg, tmp_path)
+    a1, a2, b1 = _commit_all(mem, TRIP_A + TRIP_B)
+    mem.commit(LINK, "Done.", Localization(a2.id, "gold", 1.0, secondary=[b1.id]))
+    assert sorted(_current(mem, "hotel")) == [("Amelie", "Casa Azul", a1.root_id), ("Erik", "Casa Azul", b1.root_id)]
+    assert mem.store.check() == []
+    mem.close()
+
+
+def test_a_link_between_two_keys_revises_the_routed_trajectorys_record(runtime_cfg, tmp_path):
+    """"Copy Amelie's hotel over to Erik's trip as its lodge": the source is the key only Amelie's trip
+    holds (hotel), the target the other key the turn names (lodge), which Erik's record revises."""
+    mem = _mem(runtime_cfg, tmp_path)
+    a1, a2, b1 = _commit_all(mem, TRIP_A + TRIP_B)
+    b2 = mem.commit("Also, Erik's lodge is Fjord Inn.", "Noted.", Localization(b1.id, "gold", 1.0))
+    mem.commit("Copy Amelie's hotel over to Erik's trip to Oslo as its lodge.", "Done.",
+               Localization(b2.id, "gold", 1.0, secondary=[a2.id]))
+    assert _current(mem, "lodge") == [("Erik", "Casa Azul", b1.root_id)]
+    chain = [r.value for r in mem.store.records(mem.conv) if r.key == "lodge"]
+    assert chain == ["Fjord Inn", "Casa Azul"]
+    mem.close()
+
+
+def test_a_link_writes_nothing_when_the_turn_states_the_value_or_names_no_single_key(runtime_cfg, tmp_path):
+    mem = _mem(runtime_cfg, tmp_path)
+    a1, a2, b1 = _commit_all(mem, TRIP_A + TRIP_B)
+    b2 = mem.commit("Not Amelie's hotel after all: Erik's hotel is Nord Hus.", "Noted.",
+                    Localization(b1.id, "gold", 1.0, secondary=[a2.id]))
+    assert sorted(_current(mem, "hotel")) == [("Amelie", "Casa Azul", a1.root_id), ("Erik", "Nord Hus", b1.root_id)]
+    # both trajectories hold both keys the turn names: which one it copies is not stated
+    mem.commit("Erik wants Amelie's hotel and budget.", "Done.", Localization(b2.id, "gold", 1.0, secondary=[a2.id]))
+    assert ("Erik", "Casa Azul", b1.root_id) not in _current(mem, "hotel")
+    assert ("Erik", "$2,400", b1.root_id) not in _current(mem, "budget")
+    mem.close()
+
+
+def test_a_bad_resolve_links_value_is_refused_naming_the_option(runtime_cfg, tmp_path):
+    cfg = copy.deepcopy(runtime_cfg)
+    cfg["revision"]["resolve_links"] = "yes"
+    with pytest.raises(ConfigError, match="revision.resolve_links"):
+        ArborMemory.open(tmp_path / "m.sqlite", "c", cfg)
+
+
 def test_a_close_runner_up_is_read_for_a_question_within_the_margin(runtime_cfg, tmp_path):
     mem = _mem(runtime_cfg, tmp_path, read_margin=1.0)  # any runner-up is "close"
     _commit_all(mem, TRIP_A + TRIP_B)

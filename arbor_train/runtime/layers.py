@@ -13,7 +13,9 @@ A layer runs at most once per read: a later entry of a layer that already ran is
   computed          Computed: count / sum / latest / earliest over matching events (structured_budget)
   update_evidence   UpdateEvidence: old -> new revision chains (update_budget; record_match)
   primary_path      PrimaryPath: the routed trajectory; past the branch budget, raw_recent newest nodes
-                    raw and older ones as summaries (branch_budget)
+                    raw and older ones as summaries (branch_budget); a multi-intent turn's line ends with
+                    the state it carried across its link (`revision.resolve_links`), here and in
+                    secondary_path
   secondary_path    SecondaryPath: the trajectories that secondary links join to the routed path (either
                     way), and a question's close runner-up (`localization.secondary`);
                     their turns most relevant to the question and the linking turn first (secondary_budget)
@@ -80,6 +82,21 @@ class Read:
         """Share of the question's stems found in the text (and extra terms)."""
         s = stems(text + " " + " ".join(extra))
         return len(self.q_stems & s) / max(1, len(self.q_stems))
+
+    def carried(self, nodes: list["Node"]) -> dict[int, str]:
+        """What the multi-intent turns among these nodes carried across their links
+        (`revision.resolve_links`): the records each wrote that its own text does not state, as a suffix
+        its line gains, so the read that shows the turn also shows the value it took (one hop)."""
+        st = self.mem.store
+        linked = sorted({a for a, _, _ in st.links_from([n.id for n in nodes])})
+        by_id = {n.id: n for n in nodes}
+        out = {}
+        for nid, recs in st.records_from(linked).items():
+            said = f"{by_id[nid].user_text} {by_id[nid].assistant_text}".lower()
+            parts = [f"{x.key.replace('_', ' ')} ({x.subject}): {x.value}" for x in recs if x.value.lower() not in said]
+            if parts:
+                out[nid] = f" [state carried: {'; '.join(parts)}]"
+        return out
 
     def about_asked(self, subject: str) -> bool:
         """An item about the user, or about someone the question names (or the question names no one)."""
@@ -154,12 +171,14 @@ def primary_path(r: Read, cap: int) -> Block | None:
     path, packer = [n for n in r.path if n.id not in r.shown], r.packer
     if not path:
         return None
-    raw = [(f"{ts_prefix(n.timestamp)}{n.raw}", [n.id]) for n in path]
+    carried = r.carried(path)
+    raw = [(f"{ts_prefix(n.timestamp)}{n.raw}{carried.get(n.id, '')}", [n.id]) for n in path]
     cap = min(cap, packer.remaining())
     if packer.cost("PrimaryPath", raw) <= cap:
         return packer.fill(Block("PrimaryPath"), raw, cap)
     keep = r.cc["raw_recent"]
-    summaries = [(f"{ts_prefix(n.timestamp)}(summary) {n.node_summary}", [n.id]) for n in path[:-keep]]
+    summaries = [(f"{ts_prefix(n.timestamp)}(summary) {n.node_summary}{carried.get(n.id, '')}", [n.id])
+                 for n in path[:-keep]]
     chosen: list[tuple[int, tuple[str, list[int]]]] = []
     # newest raw first, then newest summaries, while the block still fits
     order = [(i, raw[i]) for i in range(len(path) - 1, len(path) - 1 - min(keep, len(path)), -1)]
@@ -207,12 +226,13 @@ def secondary_path(r: Read, cap: int) -> Block | None:
             if share > scored.get(n.id, (-1.0, n))[0]:
                 scored[n.id] = (share, n)
     order = sorted(scored.values(), key=lambda x: (-x[0], -x[1].seq))
+    carried = r.carried([n for _, n in order])
     chosen: list = []
     cap = min(cap, r.packer.remaining())
     used = r.packer.cost("SecondaryPath", [])
     for _, n in order:  # the turn raw, or its user text alone when the raw turn does not fit
         for text in (n.raw, f"User: {n.user_text}"):
-            line = (f"{ts_prefix(n.timestamp)}{text}", [n.id])
+            line = (f"{ts_prefix(n.timestamp)}{text}{carried.get(n.id, '')}", [n.id])
             cost = r.packer.cost("SecondaryPath", [line]) - r.packer.cost("SecondaryPath", [])
             if used + cost <= cap:
                 chosen.append((n.seq, line))

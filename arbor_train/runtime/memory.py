@@ -73,9 +73,14 @@ class ArborMemory:
         cfg = _cfg(cfg)
         self.cfg = cfg
         self.layers = check_layers(cfg["context"])  # the read path, checked before any model loads
-        evidence = (cfg["localization"].get("secondary") or {}).get("evidence", "none")
+        evidence = (cfg["localization"].get("secondary") or {}).get("evidence", "entity")
         if evidence not in ("entity", "none"):
             raise ConfigError(f"option localization.secondary.evidence: {evidence!r}; valid values: entity, none")
+        self._link_evidence = evidence
+        resolve = cfg["revision"].get("resolve_links", True)
+        if not isinstance(resolve, bool):
+            raise ConfigError(f"option revision.resolve_links: {resolve!r}; valid values: true, false")
+        self._resolve_links = resolve
         self.store = store
         self.conv = conversation_id
         comp = components or build_components(cfg)
@@ -323,7 +328,7 @@ class ArborMemory:
             if margin is not None and lead.confidence - others[0].confidence < float(margin):
                 loc.runner_up = [others[0].node_id]
             return loc
-        if sc.get("evidence", "none") == "entity":
+        if self._link_evidence == "entity":
             others = self._named_apart(text, loc.candidates, primary, others)
         loc.link_candidate = others[0] if others else None
         floor = sc.get("min_score")
@@ -339,18 +344,12 @@ class ArborMemory:
         A turn continues a second state only with evidence of it; "book Erik the same hotel as Amelie"
         names Amelie, while a turn about Erik alone, or about a destination both trips share, names no
         trajectory apart and gets no link."""
-        def words(items) -> set[str]:
-            out = set()
-            for e in items:
-                out |= {w for w in re.findall(r"[a-z0-9]+", re.sub(r"['’]s\b", "", e.lower())) if len(w) > 2}
-            return out
-
-        named = words(find_entities(text))
+        named = entity_words(find_entities(text))
         if not named:
             return []
         by_root: dict[int, set[str]] = {}
         for c in candidates:
-            by_root.setdefault(c.root_id, set()).update(words(c.entities + [c.topic_key]))
+            by_root.setdefault(c.root_id, set()).update(entity_words(c.entities + [c.topic_key]))
         apart = named - by_root.get(primary, set())
         return [a for a in others if apart & by_root.get(a.root_id, set())]
 
@@ -436,10 +435,13 @@ class ArborMemory:
                     assistant_text=turn.assistant_text, node_summary=ex.summary, path_summary=path_summary,
                     topic_key=topic, entities=ents, keywords=ex.keywords, embedding=emb, speaker=speaker)
         st.insert_node(node, turn_key)
+        linked: list[Node] = []
         for target in loc.secondary:  # a multi-intent turn also continues another trajectory
-            if target != node.parent_id and st.get_node(target) is not None:
+            other = st.get_node(target) if target != node.parent_id else None
+            if other is not None:
                 score = next((a.score for a in loc.alternatives if a.node_id == target), 0.0)
                 st.add_link(conv, node.id, target, score)
+                linked.append(other)
         self._update_anchor(node, parent)
         ts = turn.timestamp
         # facts are always written: the atomic-fact ablation removes their retrieval, not their extraction
@@ -456,10 +458,71 @@ class ArborMemory:
                                 cur.id if cur else None)
             for e in ex.events:
                 st.add_event(conv, e, node.id, ts, seq, node.root_id)
+            if self._resolve_links and node.parent_id is not None:
+                for other in linked:
+                    root, slots = self.linked_states(node, other, {s["key"] for s in ex.states})
+                    self._write_states(node, slots, root)
         return node
 
-    def _write_states(self, node: Node, slots: list[dict]) -> None:
-        """Revision check: same (key, subject) with a new value supersedes, unless the key/tag coexists."""
+    def linked_states(self, node: Node, other: Node, own_keys: set[str]) -> tuple[int, list[dict]]:
+        """The state a multi-intent turn carries across its link (`revision.resolve_links`): the root id of
+        the trajectory it is written on, and the slot.
+
+        "For Amelie's trip, use the same companion as Pooja's" states no value: the value is Pooja's
+        current companion, in the other trajectory. The commit resolves it so that the trajectory that
+        takes the value holds it itself (a one-hop read later). The source is the one state key the turn
+        names that one of the two trajectories holds; the target is the other trajectory's record of the
+        same key, or of the one other key the turn names ("copy Vinicius's venue over to Oliver's plan as
+        its gym"). When both hold the key, the value flows from the linked trajectory to the routed one
+        (the turn's parent is where it acts); when only one holds a key the turn names, it flows from that
+        one. The value is written as a revision of the target's current record (its subject), or as a new
+        record whose subject is the first entity of the turn that the source trajectory does not name.
+        Nothing is written when the turn names no such pair, several, or sets the key itself."""
+        text = node.user_text.lower()
+        records = self.store.records(self.conv, include_superseded=False)
+
+        def named(key: str) -> bool:
+            return re.search(rf"\b{re.escape(key.replace('_', ' ').lower())}\b", text) is not None
+
+        keys = {r.key for r in records if named(r.key)}
+
+        def held(root: int) -> dict:
+            return {r.key: r for r in records if r.root_id == root and r.key in keys}  # newest wins
+
+        sides = [(held(node.root_id), node.root_id), (held(other.root_id), other.root_id)]
+        (own, _), (theirs, _) = sides
+        same = [k for k in own if k in theirs]
+        if len(same) > 1 or (not same and own and theirs and (len(own) > 1 or len(theirs) > 1)):
+            return node.root_id, []
+        if same or (own and theirs):  # both hold a key the turn names: from the linked one to the routed one
+            (to, to_root), (src_side, src_root) = sides
+            source, target = (same[0], same[0]) if same else (next(iter(theirs)), next(iter(own)))
+        else:  # one holds the keys the turn names: from that one
+            (to, to_root), (src_side, src_root) = sides if theirs else sides[::-1]
+            if len(src_side) != 1:
+                return node.root_id, []
+            source = next(iter(src_side))
+            targets = sorted(keys - {source})
+            if len(targets) > 1:
+                return node.root_id, []
+            target = targets[0] if targets else source
+        if to_root == node.root_id and target in own_keys:
+            return node.root_id, []
+        src = src_side[source]
+        if target in to:
+            subject = to[target].subject
+        else:
+            named_there = entity_words(e for n in self.store.nodes(self.conv)
+                                       if n.root_id == src_root and n.id != node.id
+                                       for e in n.entities + [n.topic_key])
+            subject = next((e for e in node.entities if not entity_words([e]) & named_there
+                            and e.lower() not in src.value.lower()), "user")
+        return to_root, [{"key": target, "value": src.value, "tag": src.tag, "entities": [subject, src.value],
+                          "evidence": f"{node.user_text} [{source} ({src.subject}): {src.value}]"}]
+
+    def _write_states(self, node: Node, slots: list[dict], root_id: int | None = None) -> None:
+        """Revision check: same (key, subject) with a new value supersedes, unless the key/tag coexists.
+        root_id: the trajectory the records belong to (default the node's own)."""
         rev = self.cfg["revision"]
         st, conv, ts = self.store, self.conv, node.timestamp
         for s in slots:
@@ -472,7 +535,8 @@ class ArborMemory:
             coexist = s["key"] in rev["coexist_keys"] or (s.get("tag") in rev["coexist_tags"])
             supersedes = existing[-1].id if (existing and not coexist) else None
             st.add_record(conv, s["key"], subject, s["value"], s.get("tag", ""), s.get("entities", []),
-                          s.get("evidence", ""), node.id, ts, node.seq, node.root_id, supersedes)
+                          s.get("evidence", ""), node.id, ts, node.seq,
+                          node.root_id if root_id is None else root_id, supersedes)
 
     def _topic_key(self, ex: Extraction) -> str:
         return self.topic_key_of(ex.entities, ex.keywords, ex.summary)
@@ -570,6 +634,15 @@ class ArborMemory:
 
 
 TURN_KEY_SEED = "arbormem-turn-v1"
+
+
+def entity_words(items) -> set[str]:
+    """The words (three letters or more, possessive 's dropped) of entity strings: what `_named_apart`
+    and `linked_states` compare, so "Pooja's" and "Pooja Lopez" share "pooja"."""
+    out: set[str] = set()
+    for e in items:
+        out |= {w for w in re.findall(r"[a-z0-9]+", re.sub(r"['’]s\b", "", e.lower())) if len(w) > 2}
+    return out
 
 
 def turn_keys(turns: list[dict]) -> list[str]:

@@ -706,6 +706,18 @@ class Store:
                         (json.dumps(rec.sources + [node_id]), json.dumps(rec.timestamps + [ts]), rec.id))
         self.add_provenance(node_id, "records", rec.id)
 
+    def records_from(self, node_ids: list[int]) -> dict[int, list[StateRecord]]:
+        """The state records each of these nodes is a source of (provenance), oldest first."""
+        out: dict[int, list[StateRecord]] = {}
+        if not node_ids:
+            return out
+        q = (f"SELECT p.node_id, {', '.join('r.' + c.strip() for c in self._REC_COLS.split(','))} FROM provenance p "
+             f"JOIN records r ON r.id = p.item_id WHERE p.kind = 'records' "
+             f"AND p.node_id IN ({','.join('?' * len(node_ids))}) ORDER BY r.seq, r.id")
+        for row in self.db.execute(q, list(node_ids)):
+            out.setdefault(int(row[0]), []).append(self._rec(row[1:]))
+        return out
+
     def records(self, conv: str, include_superseded: bool = True) -> list[StateRecord]:
         q = f"SELECT {self._REC_COLS} FROM records WHERE conversation_id=?"
         if not include_superseded:
