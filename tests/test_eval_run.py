@@ -101,6 +101,19 @@ def test_every_method_replays_under_the_budget(smoke_data, tmp_path, method, mon
     assert json.loads((tmp_path / "results.json").read_text())["results"]["method"] == method
 
 
+def test_question_types_reads_only_those_questions_and_replays_every_turn(smoke_data, tmp_path, monkeypatch):
+    seen = spy_methods(monkeypatch)
+    rows = [json.loads(l) for l in (smoke_data / "jsonl" / "sessions.jsonl").open()]
+    want = rows[0]["questions"][0]["type"]
+    n = sum(q["type"] == want for s in rows for q in s["questions"])
+    out = run(ecfg(smoke_data, tmp_path, "method=bm25", f"branchmem.question_types=[{want}]"))
+    assert out["questions"] == n < sum(len(s["questions"]) for s in rows)
+    asked = {(s["session_id"], t["user"]) for s in rows for t in s["turns"] if t["is_question"]
+             and next(q for q in s["questions"] if q["turn"] == t["index"])["type"] == want}
+    assert {(sid, q) for sid, q, _ in seen["reads"]} == asked
+    assert len(seen["observed"]) == sum(len(s["turns"]) for s in rows)
+
+
 def test_ablation_removes_the_forest(smoke_data, tmp_path):
     full = run(ecfg(smoke_data, tmp_path / "a"))
     linear = run(ecfg(smoke_data, tmp_path / "b", "ablation=state_localization"))
@@ -125,6 +138,8 @@ def test_ablation_removes_the_forest(smoke_data, tmp_path):
     (["benchmark=longmemeval"], "needs option longmemeval.input"),
     (["benchmark=beam", "beam.input=/no/such/dir"], "option beam.input='/no/such/dir': no such file"),
     (["benchmark=locomo", "locomo.categories=[1,9]"], r"option locomo.categories\[1\] must be one of 1, 2, 3, 4, 5"),
+    (["branchmem.question_types=[linked_fakt]"], r"option branchmem.question_types=\['linked_fakt'\]: a non-empty list of"),
+    (["branchmem.question_types=[]"], r"option branchmem.question_types=\[\]"),
 ])
 def test_bad_options_fail_before_work(smoke_data, tmp_path, overrides, msg, monkeypatch):
     import arbor_train.runtime as R

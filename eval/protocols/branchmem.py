@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from arbor_train.errors import MissingInputError
+from arbor_train.errors import ConfigError, MissingInputError
 
 from .base import Protocol, mean4, percentile
 
@@ -23,6 +23,21 @@ def check(c: dict) -> None:
     data = Path(c["data_dir"]) / "jsonl" / "sessions.jsonl"
     if not data.exists():
         raise MissingInputError(f"option data_dir={c['data_dir']!r}: {data} missing (python -m data_gen.branchmem)")
+    question_types(c)
+
+
+def question_types(c: dict) -> set[str] | None:
+    """`branchmem.question_types`: only questions of these types are read, scored and answered (every
+    turn is still replayed); null: all. A name the generator does not know is refused, naming the option."""
+    from data_gen.branchmem.plan import QUESTION_TYPES
+
+    types = (c.get("branchmem") or {}).get("question_types")
+    if types is None:
+        return None
+    if isinstance(types, str) or not types or any(t not in QUESTION_TYPES for t in types):
+        raise ConfigError(f"option branchmem.question_types={types!r}: a non-empty list of "
+                          f"{', '.join(QUESTION_TYPES)} (or null for all)")
+    return set(types)
 
 
 def load_sessions(data_dir: str | Path) -> list[dict]:
@@ -45,7 +60,7 @@ def session_fingerprint(sess: dict) -> str:
 
 
 def replay_session(sess: dict, method, answers, budget: int, apply_forget: bool = True,
-                   extract_ahead: bool = False) -> tuple[list[dict], list[dict]]:
+                   extract_ahead: bool = False, types: set[str] | None = None) -> tuple[list[dict], list[dict]]:
     """Replay one BranchMemEval session online: (question records, turn records).
 
     A read whose route is None comes from a method that does not localize (its localization is not
@@ -57,6 +72,7 @@ def replay_session(sess: dict, method, answers, budget: int, apply_forget: bool 
     `extract_ahead`: the method's model extractors run over every turn of the session first, in batches
     (`Method.prefetch`). Extraction reads the turn alone, so no read sees a later turn; batched decoding
     may differ from one-at-a-time decoding in the last bits, so it is an option (eval.run extract_ahead).
+    `types`: only questions of these types are read (the others are still observed as turns).
     """
     from eval.scoring import answer_correct, context_flags, error_category
 
@@ -76,7 +92,7 @@ def replay_session(sess: dict, method, answers, budget: int, apply_forget: bool 
             if answers is not None:
                 answers.forget(unit, t["forget_turns"])
         gold_parent = t["gold_parent"] if t["gold_parent"] >= 0 else None
-        if t["is_question"]:
+        if t["is_question"] and (types is None or qinfo[t["index"]]["type"] in types):
             q = qinfo[t["index"]]
             t0 = time.perf_counter()
             r = method.read(t["user"], t["timestamp"], budget)
@@ -258,5 +274,6 @@ def summarize(qrecs: list[dict], trecs: list[dict]) -> dict[str, Any]:
 PROTOCOL = Protocol(
     name="branchmem", check=check, load=lambda c: load_sessions(c["data_dir"]), unit_id=lambda s: s["session_id"],
     replay=lambda s, method, answers, judge, c: replay_session(s, method, answers, c["budget"],
-                                                                  extract_ahead=c.get("extract_ahead", False)), summarize=summarize,
+                                                                  extract_ahead=c.get("extract_ahead", False),
+                                                                  types=question_types(c)), summarize=summarize,
     fingerprint=session_fingerprint)
