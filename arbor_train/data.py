@@ -117,9 +117,11 @@ def rerank_groups(rows, source: str, group_size: int, include_new_root: bool = T
     return out
 
 
-def encode_groups(groups: list[RerankGroup], tokenizer, max_length: int, pair_features: bool = False) -> list[dict]:
+def encode_groups(groups: list[RerankGroup], tokenizer, max_length: int, pair_features: bool = False,
+                  extra: list | tuple = ()) -> list[dict]:
     """Token ids of every (query, document) pair of each group; with `pair_features`, also the runtime's
-    pair and query feature vectors (arbor_train.runtime.rerank.pair_features) the bundle's head reads."""
+    pair and query feature vectors (arbor_train.runtime.rerank.pair_features, with the `extra` groups) the
+    bundle's head reads."""
     from arbor_train.runtime.rerank import pair_features as features
 
     out = []
@@ -128,7 +130,7 @@ def encode_groups(groups: list[RerankGroup], tokenizer, max_length: int, pair_fe
         ex = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
               "token_type_ids": enc.get("token_type_ids"), "gold": g.gold, "secondary": g.secondary}
         if pair_features:
-            ex["features"], ex["query_features"] = features(g.query, [candidate_of(c) for c in g.cands])
+            ex["features"], ex["query_features"] = features(g.query, [candidate_of(c) for c in g.cands], extra)
         out.append(ex)
     return out
 

@@ -11,7 +11,11 @@ formats, one folder per split:
   missed it), `gold_parent` the annotated parent's line (-1: the message starts a conversation),
   `gold_states` every annotated parent. The replay is teacher-forced: each message is committed below
   its first gold parent (a context line with no link attaches where the runtime routes it), so later
-  candidates come from the true forest. System lines are neither committed nor labelled.
+  candidates come from the true forest. `teacher_forcing` below 1 commits that share of annotated
+  messages at their gold parent and the rest where the runtime routed them (seeded per file): at run
+  time the forest is the router's own, with its errors, and features read from it (whose conversation
+  a candidate is in, whom it replies to) should be learned from a forest like that. The labels stay
+  gold either way. System lines are neither committed nor labelled.
 A dataset card with counts goes beside them. Malformed lines and links that point forward or outside
 their file fail naming the file and line (eval/benchmarks/irc.py).
 """
@@ -26,7 +30,7 @@ import hydra
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from arbor_train.errors import (ConfigError, MissingInputError, OutputExistsError, conf_options, entry_point,
-                                parse_bool, parse_choice, parse_int)
+                                parse_bool, parse_choice, parse_float, parse_int)
 from arbor_train.paths import CONF_DIR
 
 
@@ -47,10 +51,15 @@ def conversation_row(f) -> dict:
     return {"conversation_id": f.name, "document": json.dumps(conv.to_json(), sort_keys=True)}
 
 
-def routing_rows(f, runtime_cfg: dict, comps: dict, counts: Counter) -> list[dict]:
+def routing_rows(f, runtime_cfg: dict, comps: dict, counts: Counter, teacher_forcing: float = 1.0,
+                 seed: int = 0) -> list[dict]:
+    import random
+    import zlib
+
     from arbor_train.runtime import ArborMemory, Localization
     from data_gen.branchmem.mine import candidate_row, gold_candidate
 
+    rng = random.Random(zlib.crc32(f"{seed}:{f.name}".encode()))  # the same draws for a file on every run
     mem = ArborMemory.open(":memory:", f.name, runtime_cfg, components=comps)
     node_of: dict[int, int] = {}
     turn_of: dict[int, int] = {}
@@ -79,7 +88,12 @@ def routing_rows(f, runtime_cfg: dict, comps: dict, counts: Counter) -> list[dic
                 counts["new_conversation"] += gold == -1
                 counts["multi_parent"] += len(parents) > 1
                 counts["gold_recalled"] += rows[-1]["gold_recalled"]
-                loc = Localization(node_of[gold], "gold", 1.0) if gold != -1 else Localization(None, "gold", 1.0)
+                if teacher_forcing < 1.0 and rng.random() >= teacher_forcing:  # keep the runtime's own route
+                    counts["runtime_placed"] += 1
+                    counts["runtime_placed_right"] += (-1 if chosen is None else chosen) in (parents or [-1])
+                else:
+                    loc = (Localization(node_of[gold], "gold", 1.0) if gold != -1
+                           else Localization(None, "gold", 1.0))
             node = mem.commit(text, "", loc, m.time, speaker=m.speaker)
             node_of[m.line], turn_of[node.id] = node.id, m.line
     finally:
@@ -100,6 +114,12 @@ def card(stats: dict, source: str) -> str:
               f"recalled candidates (profile `{stats['runtime_profile']}`"
               + (f", overrides `{' '.join(stats['runtime_overrides'])}`" if stats.get("runtime_overrides") else "")
               + "), or that start a conversation."]
+    if stats.get("teacher_forcing", 1.0) < 1.0:
+        for split, s in stats["splits"].items():
+            lines.append(f"\nReplay ({split}): teacher_forcing {stats['teacher_forcing']} (seed {stats['seed']}): "
+                         f"{s['runtime_placed']:,} annotated messages committed where the runtime routed them, "
+                         f"{s['runtime_placed_right'] / max(1, s['runtime_placed']):.3f} of those at a gold parent; "
+                         "the rest at their gold parent.")
     return "\n".join(lines) + "\n"
 
 
@@ -136,20 +156,26 @@ def _run(cfg: DictConfig) -> dict:
         raise ConfigError(f"option runtime_overrides must be a list of override strings (key=value), "
                           f"got {cfg.runtime_overrides!r}")
     max_files = None if cfg.max_files is None else parse_int(cfg.max_files, "max_files", minimum=1)
+    forcing, seed = parse_float(cfg.teacher_forcing, "teacher_forcing", minimum=0.0), parse_int(cfg.seed, "seed")
+    if forcing > 1.0:
+        raise ConfigError(f"option teacher_forcing is the share of annotated messages committed at their gold "
+                          f"parent, between 0 and 1, got {cfg.teacher_forcing!r}")
     out = Path(str(cfg.out_dir))
     if out.exists() and not overwrite:  # fail before any work
         raise OutputExistsError(f"out_dir={str(out)!r} already exists; pass overwrite=true to replace it")
     files = {s: load_irc(src / s)[:max_files] for s in splits}  # every file parsed before anything is written
     runtime_cfg = runtime_config({"runtime_profile": cfg.runtime_profile, "runtime_overrides": overrides, "ablation": {}})
     comps = build_components(runtime_cfg)
-    stats: dict = {"runtime_profile": cfg.runtime_profile, "runtime_overrides": overrides, "splits": {}}
+    stats: dict = {"runtime_profile": cfg.runtime_profile, "runtime_overrides": overrides,
+                   "teacher_forcing": forcing, "seed": seed, "splits": {}}
     for split, fs in files.items():
         counts: Counter = Counter()
         rows = {"conversations": [conversation_row(f) for f in fs], "routing": []}
         for f in tqdm(fs, desc=f"irc {split}", unit="file", disable=not progress):
-            rows["routing"] += routing_rows(f, runtime_cfg, comps, counts)
+            rows["routing"] += routing_rows(f, runtime_cfg, comps, counts, forcing, seed)
         s = {"files": len(fs), "lines": sum(len(f.messages) for f in fs), **{k: counts[k] for k in (
-            "messages", "new_conversation", "multi_parent", "gold_recalled")}}
+            "messages", "new_conversation", "multi_parent", "gold_recalled", "runtime_placed",
+            "runtime_placed_right")}}
         stats["splits"][split] = s
         write_sets(out / split, rows, s, card({**stats, "splits": {split: s}},
                                                 str(src / split)), overwrite)

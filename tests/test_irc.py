@@ -117,6 +117,29 @@ def test_converter_writes_conversations_and_routing_rows_in_the_reranker_format(
     assert "| dev | 1 | 6 | 4 | 1 | 1 |" in (tmp_path / "out" / "README.md").read_text()
 
 
+def test_converter_teacher_forcing_keeps_the_runtime_route_for_the_rest(tmp_path):
+    from arbor_train.errors import ConfigError
+    from data_gen.io import read_rows
+    from data_gen.irc import run
+
+    lines = [f"[10:{i:02d}] <{'abcd'[i % 4]}> message {i} about {'disk sound'.split()[i % 2]}" for i in range(24)]
+    links = [f"{max(0, i - 2)} {i} -" for i in range(24)]
+    write_pair(tmp_path / "irc" / "dev", "2009-01-01_00", lines, links)
+    forced = run(icfg(tmp_path / "irc", tmp_path / "gold", "splits=[dev]"))["splits"]["dev"]
+    assert forced["runtime_placed"] == 0
+    s = run(icfg(tmp_path / "irc", tmp_path / "out", "splits=[dev]", "teacher_forcing=0.0"))["splits"]["dev"]
+    rows = read_rows(tmp_path / "out" / "dev" / "jsonl" / "routing.jsonl", "routing")
+    # every annotated message stays where the runtime routed it; the count of right ones is read off the rows
+    assert s["runtime_placed"] == s["messages"] == len(rows) == 24
+    assert s["runtime_placed_right"] == sum(r["runtime_choice"] in r["gold_states"] for r in rows) < 24
+    gold_rows = read_rows(tmp_path / "gold" / "dev" / "jsonl" / "routing.jsonl", "routing")
+    assert [r["gold_states"] for r in rows] == [r["gold_states"] for r in gold_rows]  # labels stay gold
+    assert [r["candidates"] for r in rows] != [r["candidates"] for r in gold_rows]  # the forest is the runtime's
+    assert "committed where the runtime routed them" in (tmp_path / "out" / "README.md").read_text()
+    with pytest.raises(ConfigError, match="option teacher_forcing"):
+        run(icfg(tmp_path / "irc", tmp_path / "bad", "splits=[dev]", "teacher_forcing=1.5"))
+
+
 def test_converter_refuses_a_forward_link_before_writing(tmp_path):
     from data_gen.irc import run
 

@@ -116,3 +116,79 @@ def test_pair_refit_fits_the_head_on_whole_candidate_lists_and_exports_the_refit
     assert saved["pair_refit"] == r
     m = load_bundle(export(res["run_dir"], tmp_path / "bundle", log_artifact=False), role="reranker").manifest
     assert m["new_root_threshold"] == pytest.approx(1 / (1 + math.exp(-m["pair_head"]["root_bias"])), abs=1e-6)
+
+
+def test_overlap_features_count_the_words_two_messages_share_without_their_nicks():
+    from arbor_train.runtime.rerank import EXTRA_PAIR_FEATURES, feature_names
+
+    names = feature_names(["overlap"])
+    assert names[: len(PAIR_FEATURES)] == PAIR_FEATURES and names[len(PAIR_FEATURES):] == EXTRA_PAIR_FEATURES["overlap"]
+    f, _ = pair_features("alice: my wireless card drops after suspend", [
+        cand(1, "bob: alice: does the wireless card come back after a reboot?", "bob", back=1),
+        cand(2, "alice: hi all", "alice", back=2), cand(3, "carol: wireless", "carol", back=3)], ["overlap"])
+    got = [dict(zip(names, row)) for row in f]
+    # "wireless", "card" shared with 1 ("alice" is the candidate's address, not a shared word; "after" is a stop
+    # word); nothing with 2 (its own nick "alice" is dropped); one word with 3
+    assert [[r[k] for k in EXTRA_PAIR_FEATURES["overlap"][:3]] for r in got] == [[1, 1, 0], [0, 0, 0], [1, 0, 0]]
+    assert got[0]["overlap_share"] == pytest.approx(2 / 4) and got[2]["overlap_share"] == pytest.approx(1 / 4)
+    assert f[0][: len(PAIR_FEATURES)] == pair_features("alice: my wireless card drops after suspend",
+                                                       [cand(1, "bob: alice: does the wireless card come back after a reboot?",
+                                                             "bob", back=1)])[0][0]  # the base features are unchanged
+    with pytest.raises(ValueError, match="unknown pair feature group 'nope'"):
+        pair_features("x", [cand(1)], ["nope"])
+
+
+def test_a_head_with_extras_and_logit_inputs_computes_the_same_in_torch_and_numpy():
+    from arbor_train.roles.reranker import PairHead as TorchHead
+
+    head = TorchHead(hidden=6, seed=1, extra=["overlap"], logit_input=True)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn_like(p))
+    cands = [cand(1, "bob: try the nvidia driver", "bob", back=2, minutes=1), cand(2, "carol: nvidia?", "carol", back=9),
+             cand(3, "x", "dave", back=30, minutes=40)]
+    logits = torch.tensor([1.5, -0.5, 3.0])
+    f, q = pair_features("alice: bob: which nvidia driver", cands, ["overlap"])
+    with torch.no_grad():
+        cols = TorchHead.logit_columns(logits, torch.tensor([3]))
+        want = (head(torch.tensor(f), cols) - torch.tensor(q) @ head.query).numpy()
+    d = json.loads(json.dumps(head.to_json(root_bias=0.2)))
+    rt = PairHead.load(d, "m.json")
+    assert rt.extra == ["overlap"] and rt.logit_input
+    got = rt.offsets("alice: bob: which nvidia driver", cands, logits.numpy())
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # the gap is to the best candidate: 0 for the best, and the offsets move when the logits do
+    assert cols[2, 1] == 0 and cols[0, 1] == pytest.approx(1.5 / 5)
+    assert not np.allclose(rt.offsets("alice: bob: which nvidia driver", cands, logits.numpy() + 1.0), got)
+    with pytest.raises(ValueError, match="reads the encoder's logits"):
+        rt.offsets("alice: bob: which nvidia driver", cands)
+    with pytest.raises(BundleError, match="field 'pair_head' was trained on other features"):
+        PairHead.load({**d, "features": d["features"] + ["overlap>=9"]}, "b/manifest.json")
+    with pytest.raises(BundleError, match="field 'pair_head' was trained on other features"):
+        PairHead.load({**d, "logit_inputs": ["something_else"]}, "b/manifest.json")
+    with pytest.raises(BundleError, match="inconsistent shapes"):
+        PairHead.load({k: v for k, v in d.items() if k != "logit_inputs"}, "b/manifest.json")
+
+
+def test_refit_with_a_held_out_share_keeps_the_best_epoch_and_exports_extras(tmp_path, smoke_data):
+    from arbor_train.errors import ConfigError
+    from arbor_train.export import export
+    from arbor_train.runtime import load_bundle
+    from arbor_train.runtime.rerank import LOGIT_INPUTS, feature_names
+    from arbor_train.train import train
+    from tests.test_train import tcfg
+
+    res = train(tcfg(tmp_path / "run", smoke_data, "task.pair_features=true", "task.pair_hidden=4",
+                     "task.pair_extra=[overlap]", "task.pair_logit_input=true",
+                     "+task.pair_refit={max_rows: 60, epochs: 12, lr: 0.01, val_share: 0.25}"))
+    r = res["pair_refit"]
+    assert r["rows"] == 60 and r["val_rows"] == 15 and len(r["val_curve"]) == 12
+    # the head kept is the best epoch's on the held-out rows, not the last one's
+    assert r["val_loss"] == pytest.approx(min(r["val_curve"]), abs=1e-4)
+    assert r["best_epoch"] == 1 + r["val_curve"].index(min(r["val_curve"]))
+    m = load_bundle(export(res["run_dir"], tmp_path / "bundle", log_artifact=False), role="reranker").manifest
+    assert m["pair_head"]["features"] == feature_names(["overlap"]) and m["pair_head"]["logit_inputs"] == LOGIT_INPUTS
+    with pytest.raises(ConfigError, match="option task.pair_extra"):
+        train(tcfg(tmp_path / "bad", smoke_data, "task.pair_features=true", "task.pair_extra=[nope]"))
+    with pytest.raises(ConfigError, match="set task.pair_features=true"):
+        train(tcfg(tmp_path / "bad2", smoke_data, "task.pair_logit_input=true"))

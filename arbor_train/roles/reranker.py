@@ -44,35 +44,57 @@ def mix_groups(c: dict) -> list:
 
 
 class PairHead(torch.nn.Module):
-    """The head over the runtime's pair features (`task.pair_features`): w2 . tanh(W1 f + b1) + b2 is added
-    to each pair's encoder logit, and wq . q (the input's features) to the new-root logit. The output
-    layer and wq start at zero, so training starts from the encoder alone. Exported as the manifest's
-    `pair_head`; arbor_train.runtime.rerank.PairHead computes the same in numpy."""
+    """The head over the runtime's pair features (`task.pair_features`, plus the `task.pair_extra` groups):
+    w2 . tanh(W1 [f, l] + b1) + b2 is added to each pair's encoder logit, and wq . q (the input's features)
+    to the new-root logit; l, with `task.pair_logit_input`, is the encoder's logit and its gap to the
+    group's best (detached: the head reads the text score, it does not train the encoder through it). The
+    output layer and wq start at zero, so training starts from the encoder alone. Exported as the
+    manifest's `pair_head`; arbor_train.runtime.rerank.PairHead computes the same in numpy."""
 
-    def __init__(self, hidden: int, seed: int):
-        from ..runtime.rerank import PAIR_FEATURES, QUERY_FEATURES
+    def __init__(self, hidden: int, seed: int, extra: tuple | list = (), logit_input: bool = False):
+        from ..runtime.rerank import LOGIT_INPUTS, QUERY_FEATURES, feature_names
 
         super().__init__()
+        self.features, self.logit_input = feature_names(extra), bool(logit_input)
+        n_in = len(self.features) + (len(LOGIT_INPUTS) if logit_input else 0)
         g = torch.Generator().manual_seed(seed)
-        self.hidden = torch.nn.Linear(len(PAIR_FEATURES), hidden)
+        self.hidden = torch.nn.Linear(n_in, hidden)
         with torch.no_grad():
-            self.hidden.weight.copy_(torch.randn(hidden, len(PAIR_FEATURES), generator=g) / len(PAIR_FEATURES) ** 0.5)
+            self.hidden.weight.copy_(torch.randn(hidden, n_in, generator=g) / n_in ** 0.5)
             self.hidden.bias.zero_()
         self.out = torch.nn.Linear(hidden, 1)
         torch.nn.init.zeros_(self.out.weight)
         torch.nn.init.zeros_(self.out.bias)
         self.query = torch.nn.Parameter(torch.zeros(len(QUERY_FEATURES)))
 
-    def forward(self, f: torch.Tensor) -> torch.Tensor:
+    def forward(self, f: torch.Tensor, logit_cols: torch.Tensor | None = None) -> torch.Tensor:
+        """f: (pairs, features); logit_cols: (pairs, 2) from `logit_columns`, for a head with logit inputs."""
+        if self.logit_input:
+            if logit_cols is None:
+                raise ValueError("this pair head reads the encoder's logits: pass logit_cols")
+            f = torch.cat([f, logit_cols.to(f.dtype)], 1)
         return self.out(torch.tanh(self.hidden(f)))[:, 0]
 
+    @staticmethod
+    def logit_columns(logits: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
+        """The LOGIT_INPUTS of flattened groups: each logit and its gap to its group's best, scaled
+        (arbor_train.runtime.rerank.logit_inputs, per group), detached."""
+        from ..runtime.rerank import LOGIT_SCALE
+
+        x = logits.detach()
+        best = torch.cat([g.max().expand(len(g)) for g in x.split(group_sizes.tolist())])
+        return torch.stack([x, best - x], 1) / LOGIT_SCALE
+
     def to_json(self, root_bias: float) -> dict:
-        from ..runtime.rerank import PAIR_FEATURES, QUERY_FEATURES
+        from ..runtime.rerank import LOGIT_INPUTS, QUERY_FEATURES
 
         t = lambda x: x.detach().float().cpu().tolist()  # noqa: E731
-        return {"features": PAIR_FEATURES, "query_features": QUERY_FEATURES, "w1": t(self.hidden.weight),
-                "b1": t(self.hidden.bias), "w2": t(self.out.weight[0]), "b2": float(self.out.bias.detach()),
-                "wq": t(self.query), "root_bias": root_bias}
+        out = {"features": self.features, "query_features": QUERY_FEATURES, "w1": t(self.hidden.weight),
+               "b1": t(self.hidden.bias), "w2": t(self.out.weight[0]), "b2": float(self.out.bias.detach()),
+               "wq": t(self.query), "root_bias": root_bias}
+        if self.logit_input:
+            out["logit_inputs"] = LOGIT_INPUTS
+        return out
 
 
 def refit_rows(c: dict) -> list[tuple[str, list[dict], list[int], bool]]:
@@ -104,28 +126,36 @@ def refit_pair_head(module: "RerankerModule", tokenizer, c: dict) -> dict[str, A
     Training groups hold the gold and a few of the hardest negatives by the runtime's score, while the
     runtime scores every recalled candidate (24 under the group-chat wide recall): the head never sees
     most of what it must rank below the gold. Here each row's encoder logits are computed once (no
-    gradient), then the head is fitted listwise over all candidates plus the new-root option."""
+    gradient), then the head is fitted listwise over all candidates plus the new-root option.
+
+    With `val_share`, that share of the rows (seeded) is held out: the listwise loss and acc@1 (the
+    gold, or the new-root option, ranked first) are measured on it after every epoch, and the head of
+    the best epoch is kept, so a wider head or more epochs cannot overfit the rows unnoticed."""
+    import copy
+
     import numpy as np
     from tqdm import tqdm
 
-    from ..runtime.rerank import PAIR_FEATURES, encode_pairs, pair_features
+    from ..runtime.rerank import LOGIT_SCALE, encode_pairs, pair_features
 
     r, t = c["task"]["pair_refit"], c["task"]
     rows = refit_rows(c)
     if not rows:
         raise ConfigError("option task.pair_refit: no routing rows with a gold candidate to refit the pair head on")
     model, dev = module.model.eval(), module.device
-    n, nf = max(len(x[1]) for x in rows), len(PAIR_FEATURES)
+    head, root_logit = module.pair_head, module.new_root_logit
+    n, nf = max(len(x[1]) for x in rows), len(head.features)
     feats, qs = np.zeros((len(rows), n, nf), np.float32), []
     enc_l, ys = torch.zeros(len(rows), n + 1), torch.zeros(len(rows), n + 1)
     mask, pairs = torch.zeros(len(rows), n + 1, dtype=torch.bool), 0
+    extra = list(t.get("pair_extra") or [])
     with torch.no_grad():  # one row at a time, tokenized as at run time (one input against its candidates)
         for i, (q, rows_c, pos, root) in enumerate(tqdm(rows, desc="pair head refit: encoder logits", unit="row")):
             cands = [D.candidate_of(x) for x in rows_c]
             enc = encode_pairs(tokenizer, [q] * len(cands), [x.document() for x in cands],
                                t["max_length"], padding=True, return_tensors="pt")
             enc_l[i, : len(cands)] = model(**{k: v.to(dev) for k, v in enc.items()}).logits[:, 0].float().cpu()
-            f, qf = pair_features(q, cands)
+            f, qf = pair_features(q, cands, extra)
             feats[i, : len(cands)] = f
             qs.append(qf)
             mask[i, : len(cands)], mask[i, n] = True, True
@@ -133,30 +163,70 @@ def refit_pair_head(module: "RerankerModule", tokenizer, c: dict) -> dict[str, A
             ys[i, n] = float(root)
             pairs += len(cands)
     F_, Q_ = torch.from_numpy(feats), torch.tensor(qs, dtype=torch.float32)
-    head, root_logit = module.pair_head, module.new_root_logit
+    L_ = None
+    if head.logit_input:  # each row's logits against its own best candidate (padding excluded)
+        best = enc_l[:, :n].masked_fill(~mask[:, :n], float("-inf")).max(1).values
+        L_ = torch.stack([enc_l[:, :n], best[:, None] - enc_l[:, :n]], 2).masked_fill(~mask[:, :n, None], 0.0)
+        L_ = L_ / LOGIT_SCALE
     params = [*head.parameters(), root_logit]
     opt = torch.optim.Adam(params, lr=float(r.get("lr", 3e-3)))
     g = torch.Generator().manual_seed(c["seed"])
     batch = int(r.get("batch_rows", 256))
 
-    def loss_of(idx):
-        s = enc_l[idx, :n].to(dev) + head(F_[idx].to(dev).view(-1, nf)).view(len(idx), n)
+    def logits_of(idx):
+        cols = L_[idx].to(dev).view(-1, 2) if L_ is not None else None
+        s = enc_l[idx, :n].to(dev) + head(F_[idx].to(dev).view(-1, nf), cols).view(len(idx), n)
         z = torch.cat([s, (root_logit + Q_[idx].to(dev) @ head.query).view(-1, 1)], 1)
-        lp = torch.log_softmax(z.masked_fill(~mask[idx].to(dev), -1e9), 1)
+        return z.masked_fill(~mask[idx].to(dev), -1e9)
+
+    def loss_of(idx):
+        lp = torch.log_softmax(logits_of(idx), 1)
         return -torch.logsumexp(lp.masked_fill(ys[idx].to(dev) == 0, -1e9), 1).mean()
 
+    def acc_of(idx):
+        return float((ys[idx].to(dev).gather(1, logits_of(idx).argmax(1, keepdim=True)) > 0).float().mean())
+
+    share = float(r.get("val_share") or 0.0)
+    if not 0.0 <= share < 1.0:
+        raise ConfigError(f"option task.pair_refit.val_share must be in [0, 1), got {r.get('val_share')!r}")
+    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(c["seed"] + 7))
+    n_val = int(round(share * len(rows)))
+    val, fit = (order[:n_val], order[n_val:]) if n_val else (order[:0], torch.arange(len(rows)))
+    if share and (n_val == 0 or len(fit) == 0):
+        raise ConfigError(f"option task.pair_refit.val_share={share} leaves no rows to fit or to hold out "
+                          f"({len(rows)} rows)")
     with torch.no_grad():
-        before = float(loss_of(torch.arange(len(rows))))
+        before = float(loss_of(fit))
+        val_before = (float(loss_of(val)), acc_of(val)) if n_val else None
+    best_val, best_state, best_epoch, epochs = float("inf"), None, 0, int(r.get("epochs", 40))
+    curve: list[float] = []
     with torch.enable_grad():
-        for _ in tqdm(range(int(r.get("epochs", 40))), desc="pair head refit: fit", unit="epoch"):
-            for idx in torch.randperm(len(rows), generator=g).split(batch):
+        bar = tqdm(range(epochs), desc="pair head refit: fit", unit="epoch")
+        for ep in bar:
+            for idx in fit[torch.randperm(len(fit), generator=g)].split(batch):
                 opt.zero_grad()
                 loss = loss_of(idx)
                 loss.backward()
                 opt.step()
+            if n_val:
+                with torch.no_grad():
+                    v = float(loss_of(val))
+                bar.set_postfix(val_loss=round(v, 4))
+                curve.append(round(v, 4))
+                if v < best_val:
+                    best_val, best_epoch = v, ep + 1
+                    best_state = (copy.deepcopy(head.state_dict()), root_logit.detach().clone())
+    if best_state is not None:
+        head.load_state_dict(best_state[0])
+        with torch.no_grad():
+            root_logit.copy_(best_state[1])
     with torch.no_grad():
-        final = float(loss_of(torch.arange(len(rows))))
-    return {"rows": len(rows), "pairs": pairs, "loss_before": round(before, 4), "loss": round(final, 4)}
+        out = {"rows": len(rows), "pairs": pairs, "loss_before": round(before, 4), "loss": round(float(loss_of(fit)), 4)}
+        if n_val:
+            out.update({"val_rows": n_val, "val_loss_before": round(val_before[0], 4),
+                        "val_acc_before": round(val_before[1], 4), "val_loss": round(float(loss_of(val)), 4),
+                        "val_acc": round(acc_of(val), 4), "best_epoch": best_epoch, "val_curve": curve})
+    return out
 
 
 class RerankerModule(RoleModule):
@@ -164,7 +234,8 @@ class RerankerModule(RoleModule):
         super().__init__(model, cfg)
         self.new_root_logit = torch.nn.Parameter(torch.tensor(float(cfg["task"]["new_root_init"])))
         t = cfg["task"]
-        self.pair_head = PairHead(int(t.get("pair_hidden", 32)), cfg["seed"]) if t.get("pair_features") else None
+        self.pair_head = (PairHead(int(t.get("pair_hidden", 32)), cfg["seed"], list(t.get("pair_extra") or []),
+                                   bool(t.get("pair_logit_input", False))) if t.get("pair_features") else None)
         self._val: list[dict] = []
 
     def param_groups(self) -> list:
@@ -188,7 +259,8 @@ class RerankerModule(RoleModule):
             kwargs["token_type_ids"] = batch["token_type_ids"]
         s = self.model(**kwargs).logits[:, 0].float()
         if self.pair_head is not None:
-            s = s + self.pair_head(batch["features"])
+            cols = PairHead.logit_columns(s, batch["group_sizes"]) if self.pair_head.logit_input else None
+            s = s + self.pair_head(batch["features"], cols)
         return s
 
     def group_logits(self, batch: dict) -> list[torch.Tensor]:
@@ -250,6 +322,15 @@ class Reranker(Role):
         if t["head"] == "classifier" and m["family"] != "encoder":
             raise ConfigError(f"task={t['name']} with a classification head needs an encoder model, "
                               f"got model={m['name']} (family {m['family']})")
+        from ..runtime.rerank import EXTRA_PAIR_FEATURES
+
+        extra = t.get("pair_extra") or []
+        if isinstance(extra, str) or any(e not in EXTRA_PAIR_FEATURES for e in extra):
+            raise ConfigError(f"option task.pair_extra must be a list of pair feature groups "
+                              f"({', '.join(EXTRA_PAIR_FEATURES)}), got {extra!r}")
+        if (extra or t.get("pair_logit_input")) and not t.get("pair_features"):
+            raise ConfigError("options task.pair_extra and task.pair_logit_input extend the pair-feature head: "
+                              "set task.pair_features=true")
 
     def build(self, c: dict) -> Built:
         t, dc = c["task"], c["data"]
@@ -279,8 +360,10 @@ class Reranker(Role):
             model = add_lora(model, c["peft"], c["model"], "SEQ_CLS", modules_to_save=list(c["model"]["head_modules"]))
             yes_no = None
 
+            extra = list(t.get("pair_extra") or [])
+
             def encode(groups, tok, max_length):
-                return D.encode_groups(groups, tok, max_length, pair_features=pair)
+                return D.encode_groups(groups, tok, max_length, pair_features=pair, extra=extra)
         pad = tok.pad_token_id
 
         def collate(b):

@@ -106,6 +106,15 @@ PAIR_FEATURES = (["group"] + [f"back<={b}" for b in BACK_BINS] + [f"back>{BACK_B
                     "input_replied"]
                  + ["semantic", "keyword", "topic", "recent", "recency", "fused"]
                  + ["entity", "lexical", "conflict", "entity_miss"])
+# Optional feature groups a head may add after PAIR_FEATURES (`task.pair_extra`); a bundle's head lists the
+# features it was trained on and the runtime computes those, so a head without extras reads as before.
+#   overlap: content words (stemmed) the input's message shares with the candidate's own message, each with
+#     its leading "nick:" dropped (the heuristic's `lexical` reads the whole branch description instead)
+EXTRA_PAIR_FEATURES = {"overlap": ["overlap>=1", "overlap>=2", "overlap>=3", "overlap_share"]}
+# A head with `logit_inputs` also reads each candidate's encoder logit and its gap to the best candidate's
+# (both / LOGIT_SCALE), so how much the text score counts can depend on distance, speaker and the rest.
+LOGIT_INPUTS = ["encoder_logit", "gap_to_best"]
+LOGIT_SCALE = 5.0
 QUERY_FEATURES = ["group", "question", "addresses", "thanks", "greeting", "url", "words<=3", "words<=10", "words>10",
                   "speaker_new", "log_speaker_prior"]
 _THANKS = re.compile(r"\b(thanks|thank you|thx|ty|cheers)\b", re.I)
@@ -119,10 +128,56 @@ def _bins(x: float, edges: tuple) -> list[float]:
     return out
 
 
-def pair_features(query: str, candidates: list[Candidate]) -> tuple[list[list[float]], list[float]]:
-    """(one PAIR_FEATURES row per candidate, the QUERY_FEATURES of the input). One-user conversations
-    (no speakers) have every group feature zero; the recall channels and the heuristic's components
-    are there for every conversation. The same function builds training and run-time features."""
+def feature_names(extra: tuple | list = ()) -> list[str]:
+    """PAIR_FEATURES followed by the named EXTRA_PAIR_FEATURES groups; an unknown group is refused."""
+    for e in extra:
+        if e not in EXTRA_PAIR_FEATURES:
+            raise ValueError(f"unknown pair feature group {e!r} (known: {', '.join(EXTRA_PAIR_FEATURES)})")
+    return list(PAIR_FEATURES) + [n for e in extra for n in EXTRA_PAIR_FEATURES[e]]
+
+
+def extras_of(names: list) -> list[str] | None:
+    """The extra groups a feature list was built from (feature_names(extras) == names), or None."""
+    if list(names[: len(PAIR_FEATURES)]) != PAIR_FEATURES:
+        return None
+    rest, out = list(names[len(PAIR_FEATURES):]), []
+    while rest:
+        group = next((g for g, ns in EXTRA_PAIR_FEATURES.items() if rest[: len(ns)] == ns), None)
+        if group is None:
+            return None
+        out.append(group)
+        rest = rest[len(EXTRA_PAIR_FEATURES[group]):]
+    return out
+
+
+_NICK_PREFIX = re.compile(r"^\s*[^\s:]+:\s*")
+
+
+def _message_stems(text: str) -> set[str]:
+    return stems(_NICK_PREFIX.sub("", text or "", count=1))
+
+
+def _extra_features(group: str, query_stems: set[str], c: Candidate) -> list[float]:
+    if group == "overlap":
+        n = len(query_stems & _message_stems(c.node_summary))
+        return [float(n >= 1), float(n >= 2), float(n >= 3), n / len(query_stems) if query_stems else 0.0]
+    raise ValueError(f"unknown pair feature group {group!r}")
+
+
+def logit_inputs(logits: np.ndarray) -> np.ndarray:
+    """LOGIT_INPUTS of one input's candidates: each encoder logit and its gap to the best one, scaled."""
+    logits = np.asarray(logits, np.float32)
+    return np.stack([logits, logits.max(initial=-np.inf) - logits], 1) / LOGIT_SCALE if len(logits) else \
+        np.zeros((0, 2), np.float32)
+
+
+def pair_features(query: str, candidates: list[Candidate], extra: tuple | list = ()) -> tuple[list[list[float]], list[float]]:
+    """(one row per candidate: PAIR_FEATURES then the `extra` groups', the QUERY_FEATURES of the input).
+    One-user conversations (no speakers) have every group feature zero; the recall channels and the
+    heuristic's components are there for every conversation. The same function builds training and
+    run-time features."""
+    feature_names(extra)  # refuses an unknown group
+    q_stems = _message_stems(query) if extra else set()
     rows = []
     for c, k in zip(candidates, _HEURISTIC.components(query, candidates)):
         ch, group = c.channels, c.speaker is not None
@@ -140,7 +195,7 @@ def pair_features(query: str, candidates: list[Candidate]) -> tuple[list[list[fl
             g = [0.0] * (len(BACK_BINS) + len(MINUTE_BINS) + 16)
         rows.append(g + [k["semantic"], float("keyword" in ch), float("topic" in ch), float("recent" in ch),
                          k["recency"], 10.0 * ch.get("fused", 0.0), k["entity"], k["lexical"], k["conflict"],
-                         k["entity_miss"]])
+                         k["entity_miss"]] + [x for e in extra for x in _extra_features(e, q_stems, c)])
     words = len(query.split())
     group = any(c.speaker is not None for c in candidates)
     prior = next((c.channels["speaker_prior"] for c in candidates if "speaker_prior" in c.channels), None)
@@ -153,36 +208,48 @@ def pair_features(query: str, candidates: list[Candidate]) -> tuple[list[list[fl
 
 class PairHead:
     """A bundle's head over the pair features (numpy, the runtime side of arbor_train.roles.reranker.PairHead):
-    pair score = w2 . tanh(W1 f + b1) + b2, added to the encoder's logit; the new-root logit becomes
-    root_bias + wq . q (the input's own features), so whether a message starts a new conversation depends
-    on what it says. `load`ed from the manifest's `pair_head` field."""
+    pair score = w2 . tanh(W1 [f, l] + b1) + b2, added to the encoder's logit (l: the LOGIT_INPUTS, for a
+    head trained with them); the new-root logit becomes root_bias + wq . q (the input's own features), so
+    whether a message starts a new conversation depends on what it says. `load`ed from the manifest's
+    `pair_head` field; its `features` name the extra groups (EXTRA_PAIR_FEATURES) it reads."""
 
-    def __init__(self, w1, b1, w2, b2, wq, root_bias: float):
+    def __init__(self, w1, b1, w2, b2, wq, root_bias: float, extra: list | None = None, logit_input: bool = False):
         self.w1, self.b1 = np.asarray(w1, np.float32), np.asarray(b1, np.float32)
         self.w2, self.b2 = np.asarray(w2, np.float32), float(b2)
         self.wq, self.root_bias = np.asarray(wq, np.float32), float(root_bias)
+        self.extra, self.logit_input = list(extra or []), bool(logit_input)
 
     @classmethod
     def load(cls, d: dict, where: str) -> "PairHead":
         from .bundle import BundleError
 
-        if d.get("features") != PAIR_FEATURES or d.get("query_features") != QUERY_FEATURES:
+        extra = extras_of(d.get("features") or [])
+        logit_in = d.get("logit_inputs")
+        if extra is None or d.get("query_features") != QUERY_FEATURES or logit_in not in (None, LOGIT_INPUTS):
             raise BundleError(f"{where}: field 'pair_head' was trained on other features than this runtime computes "
-                              f"(features {len(d.get('features') or [])}, here {len(PAIR_FEATURES)})")
+                              f"(features {len(d.get('features') or [])}, here {len(PAIR_FEATURES)} and the groups "
+                              f"{', '.join(EXTRA_PAIR_FEATURES)}; logit inputs {logit_in}, here {LOGIT_INPUTS})")
         try:
-            head = cls(d["w1"], d["b1"], d["w2"], d["b2"], d["wq"], d["root_bias"])
+            head = cls(d["w1"], d["b1"], d["w2"], d["b2"], d["wq"], d["root_bias"], extra, bool(logit_in))
         except (KeyError, TypeError, ValueError) as e:
             raise BundleError(f"{where}: field 'pair_head' is malformed ({type(e).__name__}: {e})") from e
-        if head.w1.shape != (len(head.b1), len(PAIR_FEATURES)) or head.w2.shape != head.b1.shape \
+        n_in = len(d["features"]) + (len(LOGIT_INPUTS) if logit_in else 0)
+        if head.w1.shape != (len(head.b1), n_in) or head.w2.shape != head.b1.shape \
                 or head.wq.shape != (len(QUERY_FEATURES),):
             raise BundleError(f"{where}: field 'pair_head' has inconsistent shapes")
         return head
 
-    def offsets(self, query: str, candidates: list[Candidate]) -> np.ndarray:
-        """What the head adds to each candidate's encoder logit, measured against the bundle's calibrated
-        threshold logit (root_bias): pair term minus the input's new-root shift."""
-        f, q = pair_features(query, candidates)
-        h = np.tanh(np.asarray(f, np.float32) @ self.w1.T + self.b1)
+    def offsets(self, query: str, candidates: list[Candidate], logits=None) -> np.ndarray:
+        """What the head adds to each candidate's encoder logit (`logits`, needed by a head with logit
+        inputs), measured against the bundle's calibrated threshold logit (root_bias): pair term minus
+        the input's new-root shift."""
+        f, q = pair_features(query, candidates, self.extra)
+        x = np.asarray(f, np.float32).reshape(len(candidates), -1)
+        if self.logit_input:
+            if logits is None:
+                raise ValueError("this pair head reads the encoder's logits: pass them to offsets()")
+            x = np.concatenate([x, logit_inputs(logits)], 1)
+        h = np.tanh(x @ self.w1.T + self.b1)
         return h @ self.w2 + self.b2 - float(np.asarray(q, np.float32) @ self.wq)
 
 
@@ -233,7 +300,8 @@ class CrossEncoderReranker:
         with torch.inference_mode():
             logits = self.model(**enc).logits[:, 0].float()
         if self.head is not None:
-            logits = logits + torch.from_numpy(self.head.offsets(query, candidates)).float()
+            offs = self.head.offsets(query, candidates, logits.cpu().numpy())
+            logits = logits + torch.from_numpy(offs).float().to(logits.device)
         return torch.sigmoid(logits).tolist()
 
 
