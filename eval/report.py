@@ -14,7 +14,8 @@ from pathlib import Path
 
 COLUMNS = ("benchmark", "method", "runtime_profile", "ablation", "budget", "reader", "questions", "accuracy", "gold_in_context",
            "confounder_in_context", "primary_gold_only", "state_localization_at_questions", "state_localization_every_turn",
-           "evidence_recall", "answer_token_recall", "f1", "context_tokens_mean", "ingest_s_per_turn", "read_s_p50", "read_s_p95", "questions_per_hour")
+           "evidence_recall", "answer_token_recall", "f1", "messages", "link_precision", "link_recall", "link_f1",
+           "one_minus_vi", "one_to_one", "exact_f1", "context_tokens_mean", "ingest_s_per_turn", "read_s_p50", "read_s_p95", "questions_per_hour")
 
 
 def collect(paths: list[str | Path]) -> list[dict]:
