@@ -182,6 +182,37 @@ def specificity_plot(rows: list[dict], out: Path) -> Path | None:
     return out / "specificity_curve.png"
 
 
+IRC_METRICS = (("link_f1", "link F"), ("one_minus_vi", "1 - VI"), ("one_to_one", "one-to-one"), ("exact_f1", "exact F1"))
+
+
+def irc_plot(rows: list[dict], out: Path) -> Path | None:
+    """Ubuntu IRC runs: link F and the conversation metrics, one group of bars per metric, one bar per run
+    (labelled by `label`); None when no run is an IRC run."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if r.get("benchmark") == "irc" and r.get("link_f1") is not None]
+    if not rows:
+        return None
+    rows = sorted(rows, key=lambda r: r["link_f1"])
+    width = 0.8 / len(rows)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(IRC_METRICS) + 0.4 * len(rows)), 4.2))
+    for k, r in enumerate(rows):
+        xs = [i + (k - (len(rows) - 1) / 2) * width for i in range(len(IRC_METRICS))]
+        vals = [r.get(m) or 0.0 for m, _ in IRC_METRICS]
+        bars = ax.bar(xs, vals, width, label=label(r))
+        ax.bar_label(bars, fmt="%.1f", fontsize=7, padding=1)
+    ax.set_xticks(range(len(IRC_METRICS)), [name for _, name in IRC_METRICS])
+    ax.set_ylabel("%")
+    ax.set_ylim(0, 105)
+    ax.set_title(f"Ubuntu IRC reply structure ({rows[0].get('messages', '?')} annotated messages)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=min(2, len(rows)))
+    fig.tight_layout()
+    fig.savefig(out / "irc_bars.png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return out / "irc_bars.png"
+
+
 def plots(rows: list[dict], out: Path) -> list[Path]:
     import matplotlib
 
@@ -258,6 +289,8 @@ def plots(rows: list[dict], out: Path) -> list[Path]:
         written.append(out / "error_categories.png")
     if (spec := specificity_plot(rows, out)) is not None:
         written.append(spec)
+    if (irc := irc_plot(rows, out)) is not None:
+        written.append(irc)
     return written
 
 

@@ -542,3 +542,31 @@ def test_report_labels_keep_rows_of_one_profile_with_different_bundles_or_option
     assert label({"method": "bm25", "runtime_profile": "default", "runtime_overrides": []}) == "bm25"
     assert label({"method": "arbormem", "runtime_profile": "default",
                   "runtime_overrides": ["extractors.facts.path=outputs/x/bundle"]}) == "arbormem (extractors.facts=bundle)"
+
+
+def test_the_report_shows_irc_link_columns_and_draws_their_bars(tmp_path):
+    from PIL import Image
+
+    from eval.report import irc_plot, plots, table
+
+    base = {"benchmark": "irc", "ablation": "full", "budget": 2048, "messages": 2500, "run": "r"}
+    rows = [dict(base, method="previous_message", link_precision=30.84, link_recall=29.57, link_f1=30.19,
+                 one_minus_vi=52.11, one_to_one=23.92, exact_f1=0.0),
+            dict(base, method="arbormem", runtime_profile="group_chat_pairs", link_precision=71.88,
+                 link_recall=68.93, link_f1=70.37, one_minus_vi=88.86, one_to_one=79.48, exact_f1=34.45,
+                 runtime_overrides=["reranker.bundle.path=outputs/bundles/reranker_irc_replay"])]
+    head, _, *lines = table(rows).splitlines()
+    cols = [c.strip() for c in head.strip("|").split("|")]
+    assert {"link_precision", "link_recall", "link_f1", "one_minus_vi", "one_to_one", "exact_f1"} <= set(cols)
+    cells = [dict(zip(cols, (c.strip() for c in ln.strip("|").split("|")))) for ln in lines]
+    by_method = {c["method"]: c for c in cells}
+    assert (by_method["arbormem"]["link_f1"], by_method["arbormem"]["one_to_one"]) == ("70.37", "79.48")
+    assert by_method["previous_message"]["link_f1"] == "30.19"
+    # a BranchMemEval row has none of them, so its table gains no columns
+    assert "link_f1" not in table([{"benchmark": "branchmem", "method": "bm25", "budget": 512, "gold_in_context": 0.5,
+                                     "run": "r"}])
+    png = irc_plot(rows, tmp_path)
+    assert png == tmp_path / "irc_bars.png" and png in plots(rows, tmp_path)
+    with Image.open(png) as im:
+        assert im.width > 400 and im.height > 200
+    assert irc_plot([{"benchmark": "branchmem", "method": "bm25"}], tmp_path / "none") is None
