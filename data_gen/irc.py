@@ -90,7 +90,7 @@ def routing_rows(f, runtime_cfg: dict, comps: dict, counts: Counter, teacher_for
                 counts["gold_recalled"] += rows[-1]["gold_recalled"]
                 if teacher_forcing < 1.0 and rng.random() >= teacher_forcing:  # keep the runtime's own route
                     counts["runtime_placed"] += 1
-                    counts["runtime_placed_right"] += (-1 if chosen is None else chosen) in (parents or [-1])
+                    counts["runtime_placed_right"] += rows[-1]["runtime_choice"] in rows[-1]["gold_states"]
                 else:
                     loc = (Localization(node_of[gold], "gold", 1.0) if gold != -1
                            else Localization(None, "gold", 1.0))

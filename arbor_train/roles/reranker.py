@@ -77,13 +77,15 @@ class PairHead(torch.nn.Module):
 
     @staticmethod
     def logit_columns(logits: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
-        """The LOGIT_INPUTS of flattened groups: each logit and its gap to its group's best, scaled
-        (arbor_train.runtime.rerank.logit_inputs, per group), detached."""
-        from ..runtime.rerank import LOGIT_SCALE
+        """The LOGIT_INPUTS of flattened groups, detached: arbor_train.runtime.rerank.logit_inputs (what the
+        runtime computes) of each group's logits."""
+        import numpy as np
 
-        x = logits.detach()
-        best = torch.cat([g.max().expand(len(g)) for g in x.split(group_sizes.tolist())])
-        return torch.stack([x, best - x], 1) / LOGIT_SCALE
+        from ..runtime.rerank import logit_inputs
+
+        x = logits.detach().float().cpu().numpy()
+        cols = [logit_inputs(g) for g in np.split(x, np.cumsum(group_sizes.tolist())[:-1])]
+        return torch.from_numpy(np.concatenate(cols)).to(logits.device)
 
     def to_json(self, root_bias: float) -> dict:
         from ..runtime.rerank import LOGIT_INPUTS, QUERY_FEATURES
@@ -136,7 +138,7 @@ def refit_pair_head(module: "RerankerModule", tokenizer, c: dict) -> dict[str, A
     import numpy as np
     from tqdm import tqdm
 
-    from ..runtime.rerank import LOGIT_SCALE, encode_pairs, pair_features
+    from ..runtime.rerank import LOGIT_INPUTS, encode_pairs, logit_inputs, pair_features
 
     r, t = c["task"]["pair_refit"], c["task"]
     rows = refit_rows(c)
@@ -148,6 +150,7 @@ def refit_pair_head(module: "RerankerModule", tokenizer, c: dict) -> dict[str, A
     feats, qs = np.zeros((len(rows), n, nf), np.float32), []
     enc_l, ys = torch.zeros(len(rows), n + 1), torch.zeros(len(rows), n + 1)
     mask, pairs = torch.zeros(len(rows), n + 1, dtype=torch.bool), 0
+    L_ = torch.zeros(len(rows), n, len(LOGIT_INPUTS)) if head.logit_input else None  # padding stays 0
     extra = list(t.get("pair_extra") or [])
     with torch.no_grad():  # one row at a time, tokenized as at run time (one input against its candidates)
         for i, (q, rows_c, pos, root) in enumerate(tqdm(rows, desc="pair head refit: encoder logits", unit="row")):
@@ -155,6 +158,8 @@ def refit_pair_head(module: "RerankerModule", tokenizer, c: dict) -> dict[str, A
             enc = encode_pairs(tokenizer, [q] * len(cands), [x.document() for x in cands],
                                t["max_length"], padding=True, return_tensors="pt")
             enc_l[i, : len(cands)] = model(**{k: v.to(dev) for k, v in enc.items()}).logits[:, 0].float().cpu()
+            if L_ is not None:  # each row's logits against its own best candidate
+                L_[i, : len(cands)] = torch.from_numpy(logit_inputs(enc_l[i, : len(cands)].numpy()))
             f, qf = pair_features(q, cands, extra)
             feats[i, : len(cands)] = f
             qs.append(qf)
@@ -163,18 +168,13 @@ def refit_pair_head(module: "RerankerModule", tokenizer, c: dict) -> dict[str, A
             ys[i, n] = float(root)
             pairs += len(cands)
     F_, Q_ = torch.from_numpy(feats), torch.tensor(qs, dtype=torch.float32)
-    L_ = None
-    if head.logit_input:  # each row's logits against its own best candidate (padding excluded)
-        best = enc_l[:, :n].masked_fill(~mask[:, :n], float("-inf")).max(1).values
-        L_ = torch.stack([enc_l[:, :n], best[:, None] - enc_l[:, :n]], 2).masked_fill(~mask[:, :n, None], 0.0)
-        L_ = L_ / LOGIT_SCALE
     params = [*head.parameters(), root_logit]
     opt = torch.optim.Adam(params, lr=float(r.get("lr", 3e-3)))
     g = torch.Generator().manual_seed(c["seed"])
     batch = int(r.get("batch_rows", 256))
 
     def logits_of(idx):
-        cols = L_[idx].to(dev).view(-1, 2) if L_ is not None else None
+        cols = L_[idx].to(dev).view(-1, len(LOGIT_INPUTS)) if L_ is not None else None
         s = enc_l[idx, :n].to(dev) + head(F_[idx].to(dev).view(-1, nf), cols).view(len(idx), n)
         z = torch.cat([s, (root_logit + Q_[idx].to(dev) @ head.query).view(-1, 1)], 1)
         return z.masked_fill(~mask[idx].to(dev), -1e9)
