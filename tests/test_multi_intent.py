@@ -239,6 +239,39 @@ def test_a_link_between_two_keys_revises_the_routed_trajectorys_record(runtime_c
     mem.close()
 
 
+def test_a_copy_names_its_target_key_before_any_record_holds_it(runtime_cfg, tmp_path):
+    """"... as its lodge" names the target though no trajectory holds a lodge yet: the value is written as
+    Erik's lodge, not as a second hotel. Without the phrase the same copy writes the source key."""
+    mem = _mem(runtime_cfg, tmp_path)
+    a1, a2, b1 = _commit_all(mem, TRIP_A + TRIP_B)
+    mem.commit("Copy Amelie's hotel over to Erik's trip to Oslo as its lodge.", "Done.",
+               Localization(b1.id, "gold", 1.0, secondary=[a2.id]))
+    assert _current(mem, "lodge") == [("Erik", "Casa Azul", b1.root_id)]
+    assert ("Erik", "Casa Azul", b1.root_id) not in _current(mem, "hotel")
+    mem.close()
+    mem = _mem(runtime_cfg, tmp_path / "plain")
+    a1, a2, b1 = _commit_all(mem, TRIP_A + TRIP_B)
+    mem.commit("Copy Amelie's hotel over to Erik's trip to Oslo.", "Done.",
+               Localization(b1.id, "gold", 1.0, secondary=[a2.id]))
+    assert _current(mem, "lodge") == [] and ("Erik", "Casa Azul", b1.root_id) in _current(mem, "hotel")
+    mem.close()
+
+
+def test_the_assistants_confirmation_can_name_the_target_key(runtime_cfg, tmp_path):
+    """"Use the same budget as Amelie's" for a key the user does not name: the assistant's confirmation
+    ("the spending cap for Erik's trip now matches the budget of Amelie's") names it, and a record
+    (Erik's spending cap) holds it, so that record is revised rather than a budget written."""
+    mem = _mem(runtime_cfg, tmp_path)
+    a1, a2, b1 = _commit_all(mem, TRIP_A + [("New thing to track: Erik Lund's trip to Oslo. To start, Erik's "
+                                             "spending cap is $900.", "Noted.")])
+    mem.commit("For Erik's trip to Oslo, use the same budget as Amelie's trip to Lisbon.",
+               "Done: the spending cap for Erik's trip to Oslo now matches the budget of Amelie's trip.",
+               Localization(b1.id, "gold", 1.0, secondary=[a2.id]))
+    assert _current(mem, "spending_cap") == [("Erik", "$2,400", b1.root_id)]
+    assert _current(mem, "budget") == [("Amelie", "$2,400", a1.root_id)]
+    mem.close()
+
+
 def test_a_link_writes_nothing_when_the_turn_states_the_value_or_names_no_single_key(runtime_cfg, tmp_path):
     mem = _mem(runtime_cfg, tmp_path)
     a1, a2, b1 = _commit_all(mem, TRIP_A + TRIP_B)

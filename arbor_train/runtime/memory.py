@@ -33,7 +33,7 @@ from .schema import Alternative, Candidate, Localization, Node
 from .store import Store
 from .tags import build_tagger
 from .text import entities as find_entities
-from .text import find_cue, match_cue, minutes_between, truncate
+from .text import find_cue, match_cue, minutes_between, snake_case, truncate
 
 log = logging.getLogger(__name__)
 
@@ -477,14 +477,19 @@ class ArborMemory:
         (the turn's parent is where it acts); when only one holds a key the turn names, it flows from that
         one. The value is written as a revision of the target's current record (its subject), or as a new
         record whose subject is the first entity of the turn that the source trajectory does not name.
-        Nothing is written when the turn names no such pair, several, or sets the key itself."""
-        text = node.user_text.lower()
+        Nothing is written when the turn names no such pair, several, or sets the key itself.
+
+        A key is named when the turn (its user text or the assistant's confirmation: "Done: the guest count
+        for Ananya's reunion now matches the team size of Minjun's project") names a key some record holds,
+        or when the user text names it as the target ("... as its client", "set that as the companion of
+        the home office setup"), which need not be held by any record yet."""
+        text = f"{node.user_text}\n{node.assistant_text}".lower()
         records = self.store.records(self.conv, include_superseded=False)
 
         def named(key: str) -> bool:
             return re.search(rf"\b{re.escape(key.replace('_', ' ').lower())}\b", text) is not None
 
-        keys = {r.key for r in records if named(r.key)}
+        keys = {r.key for r in records if named(r.key)} | {snake_case(k) for k in _AS_KEY.findall(node.user_text.lower())}
 
         def held(root: int) -> dict:
             return {r.key: r for r in records if r.root_id == root and r.key in keys}  # newest wins
@@ -634,6 +639,10 @@ class ArborMemory:
 
 
 TURN_KEY_SEED = "arbormem-turn-v1"
+
+
+# the target key of a copy ("... over to Oliver's plan as its gym", "set that as the companion of the trip")
+_AS_KEY = re.compile(r"\bas (?:its|the|their|his|her) ([a-z]+(?: [a-z]+)?)(?=\s+(?:of|for)\b|\s*[.,;!?]|\s*$)")
 
 
 def entity_words(items) -> set[str]:
