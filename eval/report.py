@@ -128,7 +128,7 @@ def specificity_table(rows: list[dict]) -> str:
 
 
 def multi_intent_table(rows: list[dict]) -> str:
-    """BranchMemEval runs with multi-intent turns (preset formal_multi): routing of those turns (primary,
+    """BranchMemEval runs with multi-intent turns (the *_multi presets): routing of those turns (primary,
     secondary link into the right branch, both branches joined), the share of single-intent turns linked anyway, the
     calibration error of the routing confidences, and the linked_fact questions' gold / confounder in
     context, gold without the confounder and accuracy ("" when no run has multi-intent turns)."""
@@ -137,7 +137,7 @@ def multi_intent_table(rows: list[dict]) -> str:
         return ""
     out = ["| method | ablation | budget | multi-intent turns | primary | secondary | joined | single-intent linked "
            "| routing ECE | questions | gold | confounder | gold only | accuracy |",
-           "|---|---|---:|" + "---:|" * 12]
+           "|---|---|---:|" + "---:|" * 11]
     for r in sorted(rows, key=lambda r: (label(r), r.get("ablation", ""), r.get("budget", 0))):
         m = r["multi_intent"]
         cells = [m.get(k) for k in ("turns", "primary", "secondary", "joined", "single_intent_linked")] + [r.get("routing_ece")]
@@ -311,7 +311,7 @@ def report(paths: list[str | Path], out: str | Path) -> dict:
     if spec := specificity_table(rows):
         md += "\nPer question specificity (each column names its fields):\n\n" + spec
     if multi := multi_intent_table(rows):
-        md += "\nMulti-intent turns and the questions that depend on them (preset formal_multi):\n\n" + multi
+        md += "\nMulti-intent turns and the questions that depend on them:\n\n" + multi
     if cat := category_table(rows):
         md += "\nPer LoCoMo category (evidence recall / answer-token recall):\n\n" + cat
     (out / "table.md").write_text(md)

@@ -461,6 +461,7 @@ def test_report_tables_the_multi_intent_rows():
                             "confounder_in_context": 0.1538, "gold_without_confounder": 0.3077}}
     lines = multi_intent_table([row, {"method": "bm25", "budget": 256}]).splitlines()
     assert len(lines) == 3  # header, rule, the one run with multi-intent turns
+    assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|")  # the rule has one cell per column
     assert lines[2] == ("| arbormem (min_score=0.2) | full | 256 | 13 | 0.7692 | 0.2308 | 0.4615 | 0.1099 | 0.207 | 13 "
                         "| 0.3077 | 0.1538 | 0.3077 | — |")
     assert multi_intent_table([{"method": "bm25", "budget": 256}]) == ""
