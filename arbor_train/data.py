@@ -1,4 +1,4 @@
-"""Role datasets built from the supervision sets (data_gen/schema.py), and a resumable loader.
+"""Role datasets built from the supervision sets (arbor_train/conversations/supervision.py), and a resumable loader.
 
 Everything a batch needs (token ids, loss masks, group labels) is computed when examples are built;
 collators only pad. The candidate text is `Candidate.document()`, exactly what the runtime scores.
@@ -23,8 +23,7 @@ def load_sets(data_dir: str | Path, names: list[str]) -> dict[str, Any]:
     """Load named sets from a generator/converter output folder (hf/ DatasetDict), schema-checked."""
     from datasets import load_from_disk
 
-    from data_gen.schema import check_dataset
-
+    from arbor_train.conversations.supervision import check_dataset
     from arbor_train.errors import InputError, MissingInputError
 
     p = Path(data_dir) / "hf"

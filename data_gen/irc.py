@@ -2,7 +2,7 @@
 
 Ubuntu IRC reply structure (Kummerfeld et al., ACL 2019; CC-BY-4.0) as supervision in this toolkit's
 formats, one folder per split:
-- `conversations`: each file in the common conversation schema (eval/benchmarks/schema.py): one session,
+- `conversations`: each file in the common conversation schema (arbor_train/conversations/schema.py): one session,
   one turn per line with its speaker (`turn_id` = the line number; system lines have speaker "system"
   and `meta.system_lines` lists them), `meta.parents` the gold reply-to links;
 - `routing`: the reranker's training format. Each annotated message is replayed online through the
@@ -17,7 +17,7 @@ formats, one folder per split:
   a candidate is in, whom it replies to) should be learned from a forest like that. The labels stay
   gold either way. System lines are neither committed nor labelled.
 A dataset card with counts goes beside them. Malformed lines and links that point forward or outside
-their file fail naming the file and line (eval/benchmarks/irc.py).
+their file fail naming the file and line (arbor_train/conversations/irc.py).
 """
 
 from __future__ import annotations
@@ -29,8 +29,17 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from arbor_train.errors import (ConfigError, MissingInputError, OutputExistsError, conf_options, entry_point,
-                                parse_bool, parse_choice, parse_float, parse_int)
+from arbor_train.errors import (
+    ConfigError,
+    MissingInputError,
+    OutputExistsError,
+    conf_options,
+    entry_point,
+    parse_bool,
+    parse_choice,
+    parse_float,
+    parse_int,
+)
 from arbor_train.paths import CONF_DIR
 
 
@@ -40,7 +49,7 @@ def message_text(m) -> str:
 
 
 def conversation_row(f) -> dict:
-    from eval.benchmarks.schema import Conversation, Session, Turn
+    from arbor_train.conversations.schema import Conversation, Session, Turn
 
     turns = [Turn(turn_id=str(m.line), speaker="system" if m.system else (m.speaker or "unknown"), text=m.text)
              for m in f.messages]
@@ -124,7 +133,7 @@ def card(stats: dict, source: str) -> str:
 
 
 def run(cfg: DictConfig) -> dict:
-    from data_gen.io import quiet
+    from arbor_train.conversations.io import quiet
 
     with quiet():
         return _run(cfg)
@@ -133,10 +142,10 @@ def run(cfg: DictConfig) -> dict:
 def _run(cfg: DictConfig) -> dict:
     from tqdm import tqdm
 
+    from arbor_train.conversations.io import write_sets
+    from arbor_train.conversations.irc import load_irc
     from arbor_train.runtime import build_components
-    from data_gen.io import write_sets
-    from eval.benchmarks.irc import load_irc
-    from eval.run import runtime_config
+    from arbor_train.runtime.config import runtime_config
 
     if OmegaConf.is_missing(cfg, "input") or not cfg.input:
         raise ConfigError("option input (the folder holding train/ and dev/) is required, e.g. input=../shared/data/irc")

@@ -3,8 +3,8 @@
     python -m data_gen.locomo input=../shared/data/locomo out_dir=outputs/data/locomo
 
 The unit the runtime commits is an interaction: a message and the other speaker's reply
-(eval/benchmarks/schema.py `interactions`); `turn` in every set is the interaction's position in its
-conversation. Sets (schemas in data_gen/schema.py):
+(arbor_train/conversations/schema.py `interactions`); `turn` in every set is the interaction's position in its
+conversation. Sets (schemas in arbor_train/conversations/supervision.py):
 
 - conversations  the conversations in the common benchmark schema
 - extraction     interaction -> atomic facts: the session observations citing one of its dia_ids
@@ -37,8 +37,16 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from arbor_train.errors import (ConfigError, MissingInputError, OutputExistsError, conf_options, entry_point,
-                                parse_bool, parse_choice, parse_int)
+from arbor_train.errors import (
+    ConfigError,
+    MissingInputError,
+    OutputExistsError,
+    conf_options,
+    entry_point,
+    parse_bool,
+    parse_choice,
+    parse_int,
+)
 from arbor_train.paths import CONF_DIR
 
 log = logging.getLogger(__name__)
@@ -111,9 +119,9 @@ def weak_labels(conv, inters, rules: list[str]) -> tuple[dict[int, tuple[int, st
 def convert(convs, runtime_cfg: dict, categories: list[int], rules: list[str], progress: bool = True):
     from tqdm import tqdm
 
+    from arbor_train.conversations.schema import interactions
     from arbor_train.runtime import ArborMemory, Localization, build_components
     from data_gen.branchmem.mine import candidate_row, gold_candidate
-    from eval.benchmarks.schema import interactions
 
     rows: dict[str, list[dict]] = {k: [] for k in ("conversations", "extraction", "events", "summaries",
                                                    "localization", "routing", "qa")}
@@ -189,7 +197,7 @@ def convert(convs, runtime_cfg: dict, categories: list[int], rules: list[str], p
 
 
 def compute_stats(convs, rows, label_counts, recall, categories) -> dict:
-    from eval.benchmarks.schema import interactions
+    from arbor_train.conversations.schema import interactions
 
     all_q = Counter(q.category for c in convs for q in c.questions)
     return {
@@ -264,16 +272,16 @@ def card(stats: dict, source: str) -> str:
 
 
 def run(cfg: DictConfig) -> dict:
-    from data_gen.io import quiet
+    from arbor_train.conversations.io import quiet
 
     with quiet():
         return _run(cfg)
 
 
 def _run(cfg: DictConfig) -> dict:
+    from arbor_train.conversations.io import write_sets
+    from arbor_train.conversations.locomo import load_locomo
     from arbor_train.runtime import default_config
-    from data_gen.io import write_sets
-    from eval.benchmarks.locomo import load_locomo
 
     if OmegaConf.is_missing(cfg, "input") or not cfg.input:
         raise ConfigError("option input (a LoCoMo file or folder) is required, e.g. input=../shared/data/locomo")

@@ -3,7 +3,7 @@
 Reader supervision assembled by the runtime itself. Each session of a BranchMemEval-style set is replayed
 online through ArborMemory (exactly as `eval.run` replays it) under a few read settings drawn from a grid
 of budgets x ablations; at every question the context the runtime assembled is kept with the question and
-the target answer: the gold where the context holds it (`eval.scoring.context_flags`), else "unknown".
+the target answer: the gold where the context holds it (`arbor_train.scoring.answers.context_flags`), else "unknown".
 So the reader trains on the layered evidence it will read at test time, with the confounders and the
 missing evidence that come with it.
 
@@ -21,8 +21,16 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from arbor_train.errors import (ConfigError, MissingInputError, OutputExistsError, conf_options, entry_point,
-                                parse_bool, parse_choice, parse_int)
+from arbor_train.errors import (
+    ConfigError,
+    MissingInputError,
+    OutputExistsError,
+    conf_options,
+    entry_point,
+    parse_bool,
+    parse_choice,
+    parse_int,
+)
 from arbor_train.paths import CONF_DIR
 from arbor_train.prompts import UNKNOWN_ANSWER
 
@@ -78,7 +86,7 @@ def check_options(c: dict) -> None:
 
 def runtime_for(c: dict, ablation: str) -> dict:
     """The runtime configuration of one ablation setting (eval.run's composition: profile, overrides, switches)."""
-    from eval.run import runtime_config
+    from arbor_train.runtime.config import runtime_config
 
     switches = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "ablation" / f"{ablation}.yaml"))
     return runtime_config({"runtime_profile": c["runtime_profile"], "runtime_overrides": list(c["runtime_overrides"]),
@@ -89,9 +97,9 @@ def build_rows(c: dict, sessions: list[tuple[dict, str]], runtimes: dict[str, di
     """Reader rows of (session, fingerprint) pairs; `runtimes`: ablation -> its checked runtime config."""
     from tqdm import tqdm
 
+    from arbor_train.replay.methods import build_method
+    from arbor_train.replay.sessions import replay_session
     from arbor_train.runtime import TokenCounter, build_components
-    from eval.methods import build_method
-    from eval.protocols.branchmem import replay_session
 
     grid = [(b, a) for b in c["budgets"] for a in c["ablations"]]
     components: dict[str, dict] = {}
@@ -159,15 +167,15 @@ def card(stats: dict) -> str:
 
 
 def run(cfg: DictConfig | dict) -> dict:
-    from data_gen.io import quiet, write_sets
-    from eval.protocols.branchmem import load_sessions
+    from arbor_train.conversations.io import quiet, write_sets
+    from arbor_train.replay.sessions import load_sessions
 
     c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     check_options(c)
     out = Path(str(c["out_dir"]))
     if out.exists() and not c["overwrite"]:  # fail before any work
         raise OutputExistsError(f"out_dir={str(out)!r} already exists; pass overwrite=true to replace it")
-    from eval.protocols.branchmem import session_fingerprint
+    from arbor_train.replay.sessions import session_fingerprint
 
     held = {session_fingerprint(s) for d in c["exclude"] for s in load_sessions(d)}
     pairs = [(s, session_fingerprint(s)) for s in load_sessions(c["data_dir"])]

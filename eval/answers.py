@@ -21,7 +21,6 @@ from tqdm import tqdm
 from arbor_train.prompts import answer_messages as messages  # the reader's versioned prompt layout
 from arbor_train.runtime.kvcache import SqliteKV, cache_key
 
-
 Sources = tuple[str, list[int]]  # (unit, turns cited by the context)
 
 

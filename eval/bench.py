@@ -204,9 +204,9 @@ def bench_train(cfg: DictConfig) -> dict:
 
     from arbor_train import roles
     from arbor_train.data import load_sets, select_rows
-    from arbor_train.roles.extractor import sft_examples
     from arbor_train.models import add_lora, build_decoder
     from arbor_train.packing import padding_fraction, real_tokens
+    from arbor_train.roles.extractor import sft_examples
     from arbor_train.runtime.config import compose
 
     b = cfg.bench_train
@@ -289,11 +289,11 @@ def bench_extract(cfg: DictConfig) -> dict:
     turn). Seconds per interaction; the cache is off, so every number is a generation."""
     import torch
 
+    from arbor_train.conversations.io import quiet
+    from arbor_train.conversations.locomo import load_locomo
+    from arbor_train.conversations.schema import interactions
     from arbor_train.runtime import default_config
     from arbor_train.runtime.extract import KINDS, ExtractorSet, TurnInput
-    from data_gen.io import quiet
-    from eval.benchmarks.locomo import load_locomo
-    from eval.benchmarks.schema import interactions
 
     b = cfg.bench_extract
     torch.set_num_threads(int(b.threads))

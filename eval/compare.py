@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .methods import MEMORY_METHODS
+from arbor_train.replay.methods import MEMORY_METHODS
 
 SETS = {
     "methods": [[f"method={m}"] for m in MEMORY_METHODS],

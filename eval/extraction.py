@@ -4,7 +4,7 @@ The fact extractor measured against LoCoMo's session observations, the one free-
 we hold. Each interaction (a message and the other speaker's reply) of the chosen conversations goes
 through the configured extractor for the `facts` kind, with the runtime's validation; the predicted
 facts are matched one-to-one to the observations citing that interaction (greedy, token F1 >=
-`match_threshold`; `arbor_train.metrics.fact_f1`). Interactions with no observation count too: their
+`match_threshold`; `arbor_train.scoring.training.fact_f1`). Interactions with no observation count too: their
 facts are false positives. Writes results.json (overall and per conversation) and table.md.
 """
 
@@ -17,7 +17,15 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from arbor_train.errors import ConfigError, MissingInputError, conf_options, entry_point, parse_choice, parse_float, parse_int
+from arbor_train.errors import (
+    ConfigError,
+    MissingInputError,
+    conf_options,
+    entry_point,
+    parse_choice,
+    parse_float,
+    parse_int,
+)
 from arbor_train.paths import CONF_DIR
 
 EXTRACTORS = ("heuristic", "prompted", "bundle")
@@ -39,14 +47,14 @@ def extractor_spec(c: dict):
 def run(cfg: DictConfig) -> dict:
     from tqdm import tqdm
 
-    from arbor_train.metrics import fact_f1, json_validity
+    from arbor_train.conversations.io import quiet
+    from arbor_train.conversations.locomo import load_locomo
+    from arbor_train.conversations.schema import interactions
     from arbor_train.runtime import default_config
     from arbor_train.runtime.extract import ExtractorSet, TurnInput
     from arbor_train.runtime.validate import ValidationReport, validate_items
-    from data_gen.io import quiet
+    from arbor_train.scoring.training import fact_f1, json_validity
     from data_gen.locomo import observation_facts
-    from eval.benchmarks.locomo import load_locomo
-    from eval.benchmarks.schema import interactions
 
     c = OmegaConf.to_container(cfg, resolve=True)
     spec = extractor_spec(c)

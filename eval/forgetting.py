@@ -45,13 +45,13 @@ def untouched(sess: dict, forget: dict) -> list[bool]:
 
 
 def evaluate(c: dict) -> dict:
+    from arbor_train.conversations.io import quiet
+    from arbor_train.replay.methods import METHODS, build_method
     from arbor_train.runtime import TokenCounter, build_components
+    from arbor_train.runtime.config import runtime_config
     from data_gen.branchmem.forgetting import with_forget_request
-    from data_gen.io import quiet
 
-    from .methods import METHODS, build_method
     from .protocols.branchmem import load_sessions, replay_session
-    from .run import runtime_config
 
     methods = list(c["methods"])
     for m in methods:

@@ -2,7 +2,7 @@
 
 The conversations of `input` are split into `folds` folds (ids sorted, contiguous: 8 conversations give
 4 folds of 2). For each fold, as printed commands (stages, skipped when already done; see
-arbor_train.pipeline.run_stages):
+eval.pipeline.run_stages):
 
 1. `train_f<k>` / `export_f<k>`: the extractor adapter for every kind (`extractor.experiment`), trained on
    BranchMemEval gold plus the LoCoMo observations (facts) of the *other* folds' conversations
@@ -31,7 +31,15 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from arbor_train.errors import ConfigError, MissingInputError, conf_options, entry_point, parse_bool, parse_choice, parse_int
+from arbor_train.errors import (
+    ConfigError,
+    MissingInputError,
+    conf_options,
+    entry_point,
+    parse_bool,
+    parse_choice,
+    parse_int,
+)
 from arbor_train.paths import CONF_DIR
 
 # row name -> eval.run overrides ({tuned}: the tuned bundles' runtime overrides, filled per fold)
@@ -113,7 +121,7 @@ def tuned_overrides(c: dict, bundle: Path) -> str:
 
 
 def plan(c: dict, folds: list[list[str]], out: Path) -> list:
-    from arbor_train.pipeline import Stage
+    from eval.pipeline import Stage
 
     py = [c["python"] or sys.executable]
     stages: list[Stage] = []
@@ -308,8 +316,8 @@ def plot(merged: dict, out: Path) -> list[Path]:
 
 
 def run(cfg: DictConfig | dict) -> dict:
-    from arbor_train.pipeline import run_stages
-    from eval.benchmarks.locomo import load_locomo
+    from arbor_train.conversations.locomo import load_locomo
+    from eval.pipeline import run_stages
 
     c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
     check_options(c)
@@ -330,7 +338,7 @@ def run(cfg: DictConfig | dict) -> dict:
 @hydra.main(config_path=str(CONF_DIR), config_name="locomo_cv", version_base="1.3")
 @entry_point
 def main(cfg: DictConfig) -> None:
-    from arbor_train.pipeline import exit_on_stage_error
+    from eval.pipeline import exit_on_stage_error
 
     exit_on_stage_error(run, cfg, "locomo_cv")
 

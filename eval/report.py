@@ -65,7 +65,7 @@ def label(r: dict) -> str:
 def accuracy_table(rows: list[dict]) -> str:
     """Per run with answers: accuracy overall, per dimension and per question type, and the error categories
     ("" when no run has answers)."""
-    from eval.scoring import ERROR_CATEGORIES
+    from arbor_train.scoring.answers import ERROR_CATEGORIES
 
     rows = [r for r in rows if r.get("accuracy_by_dimension")]
     if not rows:
@@ -265,7 +265,7 @@ def plots(rows: list[dict], out: Path) -> list[Path]:
         written.append(out / "ablation_bars.png")
     err = [r for r in rows if r.get("errors")]
     if err:
-        from eval.scoring import ERROR_CATEGORIES  # stacked in decision order: correct, hedge, misses
+        from arbor_train.scoring.answers import ERROR_CATEGORIES  # stacked in decision order: correct, hedge, misses
 
         seen = {k for r in err for k in r["errors"]}
         cats = [c for c in ERROR_CATEGORIES if c in seen] + sorted(seen - set(ERROR_CATEGORIES))

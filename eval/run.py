@@ -4,7 +4,7 @@ One driver for every benchmark: the options are checked, the protocol's units (s
 files) loaded, each replayed through a fresh memory of the method with the shared answer model (and
 judge), and the protocol's summary written as results.json, questions.jsonl and table.md (plus W&B).
 The protocols live in eval/protocols/ (registered in eval/protocols/__init__.py), the methods in
-eval/methods.py. `run(cfg) -> dict` is the importable function.
+arbor_train/replay/methods.py. `run(cfg) -> dict` is the importable function.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from arbor_train.errors import (ConfigError, conf_options, entry_point, parse_bool, parse_choice,
-                                parse_float, parse_int)
+from arbor_train.errors import ConfigError, conf_options, entry_point, parse_bool, parse_choice, parse_float, parse_int
 from arbor_train.paths import CONF_DIR
 
 from .protocols import BENCHMARKS, PROTOCOLS
@@ -52,7 +51,7 @@ def check_options(c: dict) -> None:
     """Refuse, before any model or data is loaded, options that cannot work (numbers and booleans read
     strictly: budget=lots or wandb.enabled=maybe is an error naming the option); a number or boolean
     given as a string is replaced in `c` by its value."""
-    from .methods import METHODS
+    from arbor_train.replay.methods import METHODS
 
     parse_choice(c["method"], "method", METHODS)
     parse_choice(c["benchmark"], "benchmark", BENCHMARKS)
@@ -79,30 +78,6 @@ def check_options(c: dict) -> None:
     if judge.get("kind") == "llm":
         _check_llm(judge.get("llm"), "judge.llm")
     PROTOCOLS[c["benchmark"]].check(c)
-
-
-def runtime_config(c: dict) -> dict:
-    """The runtime configuration of the run: its profile, the overrides, then the ablation switches."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from arbor_train.runtime import default_config
-
-    try:
-        runtime_cfg = default_config(c["runtime_profile"], list(c["runtime_overrides"]))
-    except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(f"option runtime_overrides={c['runtime_overrides']} (runtime_profile="
-                          f"{c['runtime_profile']}): {e}") from e
-    from arbor_train.runtime.layers import check_layers
-
-    check_layers(runtime_cfg["context"])
-    for k, v in c["ablation"].items():
-        if k == "name":
-            continue
-        if k not in runtime_cfg["ablation"]:
-            raise ConfigError(f"option ablation.{k} is not a runtime ablation switch ({sorted(runtime_cfg['ablation'])})")
-        runtime_cfg["ablation"][k] = v
-    return runtime_cfg
 
 
 def check_reader_heldout(c: dict, protocol, units: list) -> None:
@@ -175,10 +150,10 @@ def build_answer_model(cfg: dict):
 
 
 def run(cfg: DictConfig) -> dict:
+    from arbor_train.conversations.io import quiet
+    from arbor_train.replay.methods import build_method
     from arbor_train.runtime import TokenCounter, build_components
-    from data_gen.io import quiet
-
-    from .methods import build_method
+    from arbor_train.runtime.config import runtime_config
 
     c = OmegaConf.to_container(cfg, resolve=True)
     check_options(c)

@@ -61,30 +61,6 @@ def test_train_bench_options_are_checked(smoke_data):
         run(bcfg(smoke_data, "target=gpu"))
 
 
-@pytest.mark.slow
-def test_gpu_check_script_runs_its_correctness_checks_on_the_cpu(smoke_data, tmp_path):
-    """`python -m eval.gpu_check` (run on a lent H200 for the README): its checks A and C also run on the CPU."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from arbor_train.paths import REPO_ROOT
-
-    ex = tmp_path / "examples.json"
-    subprocess.run([sys.executable, "-m", "eval.gpu_check", "prepare", str(smoke_data), str(ex)], cwd=REPO_ROOT,
-                   check=True)
-    assert len(json.loads(ex.read_text())) > 12
-    subprocess.run([sys.executable, "-m", "eval.gpu_check", "run", str(ex), str(tmp_path / "out")], cwd=REPO_ROOT,
-                   check=True, env={**os.environ, "DEV": "cpu", "SKIP_B": "1"})
-    res = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
-    fp32 = res["A_packed_vs_padded_float32"]
-    assert fp32["max_abs_diff_segments"] < 1e-3 and fp32["grad_rel_diff"] < 1e-4
-    assert fp32["kernel"] == "per-example sdpa loop"
-    moe = res["C_moe_lora"]
-    assert moe["expert_lora_B"] > 0 and moe["expert_lora_B_with_grad"] == moe["expert_lora_B"]
-
-
 def test_runtime_bench_measures_forget_on_copies_of_the_forest(monkeypatch):
     """Each forget count runs on a fresh copy: the measured forest keeps every node, and each copy lost
     exactly the nodes its forget was given."""

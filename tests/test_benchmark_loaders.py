@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from eval.benchmarks.beam import load_beam, load_beam_dir
-from eval.benchmarks.longmemeval import infer_variant, load_longmemeval
-from eval.benchmarks.schema import BenchmarkFormatError, Conversation, interactions
+from arbor_train.conversations.beam import load_beam, load_beam_dir
+from arbor_train.conversations.longmemeval import infer_variant, load_longmemeval
+from arbor_train.conversations.schema import BenchmarkFormatError, Conversation, interactions
 
 FIX = Path(__file__).parent / "fixtures" / "benchmarks"
 LME = FIX / "longmemeval_s_tiny.json"

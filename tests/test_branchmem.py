@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from arbor_train.conversations.supervision import SCHEMAS, SchemaError, check_dataset, validate_rows
 from arbor_train.paths import CONF_DIR
 from data_gen.branchmem import lexicon
 from data_gen.branchmem.__main__ import run
 from data_gen.branchmem.generate import build_session, session_targets
 from data_gen.branchmem.validate import validate_session
-from data_gen.schema import SCHEMAS, SchemaError, check_dataset, validate_rows
 
 
 def cfg(*overrides):
@@ -64,8 +64,8 @@ def test_formal_preset_has_the_paper_composition(formal):
 
 
 def test_output_formats_load_and_match_the_schemas(formal):
-    from datasets import load_from_disk
     import pyarrow.parquet as pq
+    from datasets import load_from_disk
 
     out, _ = formal
     dd = load_from_disk(str(out / "hf"))
@@ -411,7 +411,7 @@ class FakeLLM:
 
 
 def test_verbalizer_keeps_values_and_rejects_drops_and_leaks(valid_session):
-    from data_gen.branchmem.verbalize import VerbalizeReport, Verbalizer
+    from data_gen.branchmem.verbalize import Verbalizer, VerbalizeReport
 
     p, plan, turns = copy.deepcopy(valid_session)
     v = Verbalizer(FakeLLM(lambda text: "So, " + text[0].lower() + text[1:]))

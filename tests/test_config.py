@@ -180,7 +180,7 @@ ENTRY_POINT_MISTAKES = [
     ("eval.locomo_cv", ["folds=one"], "option folds must be an integer"),
     ("arbor_train.train", ["optim.lr=abc"], "option optim.lr must be a number, got 'abc'"),
     ("arbor_train.export", ["out=x"], "option run_dir is required"),
-    ("arbor_train.pipeline", ["echo=maybe"], "option echo must be true or false"),
+    ("eval.pipeline", ["echo=maybe"], "option echo must be true or false"),
 ]
 
 
@@ -196,7 +196,7 @@ def test_every_entry_point_reports_a_user_mistake_as_one_error_line_and_exit_2(m
     run_dir = tmp_path / "run"
     extra = {"arbor_train.train": ["model=tiny_encoder", "logger=csv", f"data.train_dir={smoke_data}",
                                    f"run_dir={run_dir}"],
-             "arbor_train.pipeline": [f"out={tmp_path / 'p'}"],
+             "eval.pipeline": [f"out={tmp_path / 'p'}"],
              "data_gen.locomo": [f"out_dir={tmp_path / 'out'}"],
              "data_gen.branchmem": [f"out_dir={tmp_path / 'out'}"],
              "eval.run": [f"data_dir={smoke_data}", "wandb.enabled=false"]}.get(module, [])

@@ -19,7 +19,7 @@ def ecfg(data, run_dir, *o):
 
 def spy_methods(monkeypatch) -> dict:
     """Record every method's reads and observations, per session / conversation id, as eval.run calls them."""
-    import eval.methods as M
+    import arbor_train.replay.methods as M
 
     seen = {"reads": [], "observed": []}
     real = M.build_method
@@ -52,7 +52,7 @@ def mean4(xs):
 
 @pytest.mark.parametrize("method", ["arbormem", "full_context", "bm25", "dense", "fact_store"])
 def test_every_method_replays_under_the_budget(smoke_data, tmp_path, method, monkeypatch):
-    from eval.scoring import mentions
+    from arbor_train.scoring.answers import mentions
 
     seen = spy_methods(monkeypatch)
     res = run(ecfg(smoke_data, tmp_path, f"method={method}", "budget=512"))
@@ -143,7 +143,6 @@ def test_ablation_removes_the_forest(smoke_data, tmp_path):
 ])
 def test_bad_options_fail_before_work(smoke_data, tmp_path, overrides, msg, monkeypatch):
     import arbor_train.runtime as R
-
     from arbor_train.errors import UserError
 
     def no_work(*a, **k):
@@ -200,9 +199,9 @@ def test_report_merges_runs_into_a_table_and_plots(smoke_data, tmp_path):
 
 
 def test_locomo_protocol_builds_memory_once_and_reads_evidence(smoke_data, tmp_path, monkeypatch):
+    from arbor_train.conversations.locomo import load_locomo
+    from arbor_train.conversations.schema import interactions
     from arbor_train.paths import REPO_ROOT
-    from eval.benchmarks.locomo import load_locomo
-    from eval.benchmarks.schema import interactions
 
     locomo = REPO_ROOT.parent / "shared" / "data" / "locomo"
     if not locomo.exists():
@@ -257,11 +256,11 @@ class FakeChat:
 
 
 def test_longmemeval_protocol_with_a_pluggable_judge(smoke_data, tmp_path, monkeypatch):
-    from arbor_train.paths import REPO_ROOT
-    from eval.benchmarks.longmemeval import load_longmemeval
-    from eval.benchmarks.schema import interactions
     import eval.judge as J
     import eval.run as R
+    from arbor_train.conversations.longmemeval import load_longmemeval
+    from arbor_train.conversations.schema import interactions
+    from arbor_train.paths import REPO_ROOT
 
     fixture = REPO_ROOT / "tests" / "fixtures" / "benchmarks" / "longmemeval_s_tiny.json"
     with monkeypatch.context() as mp:
@@ -310,9 +309,9 @@ def test_judge_prompt_follows_the_type_rules():
 
 
 def test_beam_protocol_scores_rubrics_with_the_judge_and_orders_events_without_it(smoke_data, tmp_path, monkeypatch):
-    from arbor_train.paths import REPO_ROOT
     import eval.judge as J
     import eval.run as R
+    from arbor_train.paths import REPO_ROOT
 
     beam = REPO_ROOT / "tests" / "fixtures" / "benchmarks" / "beam"
     res = run(ecfg(smoke_data, tmp_path / "a", "benchmark=beam", f"beam.input={beam}", "method=full_context"))
@@ -328,7 +327,7 @@ def test_beam_protocol_scores_rubrics_with_the_judge_and_orders_events_without_i
 
 
 def test_kendall_tau_order():
-    from eval.scoring import kendall_tau_order
+    from arbor_train.scoring.answers import kendall_tau_order
 
     ref = ["a1", "b2", "c3"]
     assert kendall_tau_order("a1 then b2 then c3", ref) == 1.0
@@ -354,9 +353,9 @@ def test_compare_prints_one_table_per_set(smoke_data, tmp_path):
 
 
 def test_locomo_f1_and_optional_judge_with_an_answer_model(smoke_data, tmp_path, monkeypatch):
-    from arbor_train.paths import REPO_ROOT
     import eval.judge as J
     import eval.run as R
+    from arbor_train.paths import REPO_ROOT
 
     locomo = REPO_ROOT.parent / "shared" / "data" / "locomo"
     if not locomo.exists():
@@ -367,8 +366,8 @@ def test_locomo_f1_and_optional_judge_with_an_answer_model(smoke_data, tmp_path,
                    "locomo.categories=[4]"))
     assert res["questions"] == 70 and res["judge_accuracy"] == 0.0
     # F1 of the fixed reply against each category-4 reference answer, recomputed from the dataset
-    from eval.benchmarks.locomo import load_locomo
-    from eval.scoring import locomo_f1
+    from arbor_train.conversations.locomo import load_locomo
+    from arbor_train.scoring.answers import locomo_f1
 
     qs = [json.loads(l) for l in (tmp_path / "questions.jsonl").open()]
     refs = [q.answer for q in load_locomo(locomo)[0].questions if q.category == "4"]
@@ -454,7 +453,7 @@ def test_the_report_adds_an_accuracy_table_per_reader():
 
 
 def test_extract_ahead_hands_every_turn_of_a_session_to_the_method_before_replaying_it(smoke_data, tmp_path, monkeypatch):
-    import eval.methods as M
+    import arbor_train.replay.methods as M
 
     calls = []
     real = M.build_method
@@ -489,7 +488,7 @@ def test_branchmem_summary_and_report_split_by_specificity(tmp_path):
     """Per level: the shares worked out by hand from six question records, the table row they make, and the
     per-level budget curve."""
     from eval.protocols.branchmem import by_specificity
-    from eval.report import specificity_table, plots
+    from eval.report import plots, specificity_table
 
     def rec(level, gold, conf, loc, correct=None):
         r = {"specificity": level, "gold_in_context": gold, "confounder_in_context": conf, "localization_correct": loc}

@@ -33,9 +33,9 @@ class Oracle:
 
 
 def gold_by_interaction(conv_id: str, n: int) -> dict:
+    from arbor_train.conversations.locomo import load_locomo
+    from arbor_train.conversations.schema import interactions
     from data_gen.locomo import observation_facts
-    from eval.benchmarks.locomo import load_locomo
-    from eval.benchmarks.schema import interactions
 
     conv = next(c for c in load_locomo(LOCOMO) if c.conversation_id == conv_id)
     inters = interactions(conv)

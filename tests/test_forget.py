@@ -8,18 +8,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_runtime_cli import make_cfg, write_json
+from test_runtime_reliability import content, ingest, kill_after, long_conversation, problems
 
 from arbor_train.errors import UserError
 from arbor_train.runtime import ArborMemory, default_config
+from arbor_train.runtime.cli import run
 from arbor_train.runtime.extract import Extraction
 from arbor_train.runtime.index import index_path
 from arbor_train.runtime.render import forest_json
 from arbor_train.runtime.schema import Localization
 from arbor_train.runtime.store import Store
-from test_runtime_cli import make_cfg, write_json
-from test_runtime_reliability import content, ingest, kill_after, long_conversation, problems
-
-from arbor_train.runtime.cli import run
 
 MARKER = "qvzxmarker4417"
 
@@ -401,15 +400,15 @@ def test_a_v2_memory_gains_its_provenance_on_open(tmp_path):
 
 # ---------------------------------------------------------------------- the forgetting evaluation
 def _forget_sessions(smoke_data):
+    from arbor_train.replay.sessions import load_sessions
     from data_gen.branchmem.forgetting import with_forget_request
-    from eval.protocols.branchmem import load_sessions
 
     sessions = load_sessions(smoke_data)
     return [(s, with_forget_request(s, random.Random(i))) for i, s in enumerate(sessions)]
 
 
 def test_a_forget_request_session_deletes_every_mention_and_shifts_nothing_else(smoke_data):
-    from eval.scoring import mentions
+    from arbor_train.scoring.answers import mentions
 
     pairs = [(s, f) for s, f in _forget_sessions(smoke_data) if f is not None]
     assert pairs
@@ -430,10 +429,10 @@ def test_a_forget_request_session_deletes_every_mention_and_shifts_nothing_else(
 
 
 def test_forgetting_eval_prints_zero_leaks_for_deleting_methods(smoke_data, tmp_path):
-    from eval.forgetting import run as run_forgetting
     from hydra import compose, initialize_config_dir
 
     from arbor_train.paths import CONF_DIR
+    from eval.forgetting import run as run_forgetting
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="forgetting", overrides=[f"data_dir={smoke_data}", f"run_dir={tmp_path}",

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from arbor_train.conversations.irc import load_irc, load_irc_file, previous_message_links
+from arbor_train.conversations.schema import BenchmarkFormatError
 from arbor_train.paths import REPO_ROOT
-from eval.benchmarks.irc import load_irc, load_irc_file, previous_message_links, score_links
-from eval.benchmarks.schema import BenchmarkFormatError
+from arbor_train.scoring.irc import score_links
 
 IRC = REPO_ROOT.parent / "shared" / "data" / "irc"
 
@@ -79,7 +80,7 @@ def test_benchmark_previous_message_row_reproduces_the_published_dev_figure(tmp_
     assert res["files"] == 10 and res["messages"] == 2500
     assert abs(res["link_f1"] - 30.2) <= 0.2
     direct = load_irc(IRC / "dev")  # the scorer on the loader's own baseline agrees with the replay
-    from eval.benchmarks.irc import score
+    from arbor_train.scoring.irc import score
 
     assert score(direct, {f.name: previous_message_links(f) for f in direct})["link_f1"] == res["link_f1"]
 
@@ -94,7 +95,7 @@ def icfg(src, out, *o):
 
 
 def test_converter_writes_conversations_and_routing_rows_in_the_reranker_format(tmp_path):
-    from data_gen.io import read_rows
+    from arbor_train.conversations.io import read_rows
     from data_gen.irc import run
 
     lines = ["[10:00] <alice> how do I mount a usb disk?", "=== bob has joined #ubuntu",
@@ -118,8 +119,8 @@ def test_converter_writes_conversations_and_routing_rows_in_the_reranker_format(
 
 
 def test_converter_teacher_forcing_keeps_the_runtime_route_for_the_rest(tmp_path):
+    from arbor_train.conversations.io import read_rows
     from arbor_train.errors import ConfigError
-    from data_gen.io import read_rows
     from data_gen.irc import run
 
     lines = [f"[10:{i:02d}] <{'abcd'[i % 4]}> message {i} about {'disk sound'.split()[i % 2]}" for i in range(24)]
@@ -213,8 +214,8 @@ def test_routing_sets_written_before_the_group_chat_fields_still_load(tmp_path, 
     """Candidate rows gained speaker/back/minutes; a set written without them reads as one-user rows."""
     from datasets import Dataset, Features, load_from_disk
 
+    from arbor_train.conversations.supervision import OPTIONAL, SchemaError, check_dataset, validate_row
     from arbor_train.data import candidate_text, load_sets
-    from data_gen.schema import OPTIONAL, SchemaError, check_dataset, validate_row
 
     ds = load_from_disk(str(smoke_data / "hf"))["routing"]
     feats = dict(ds.features)

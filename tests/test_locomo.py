@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from arbor_train.conversations.locomo import load_locomo, to_combined
+from arbor_train.conversations.schema import BenchmarkFormatError, Conversation, Question, Session, Turn, interactions
 from arbor_train.paths import CONF_DIR, REPO_ROOT
 from data_gen.locomo import run, weak_labels
-from eval.benchmarks.locomo import load_locomo, to_combined
-from eval.benchmarks.schema import BenchmarkFormatError, Conversation, Question, Session, Turn, interactions
 
 LOCOMO = REPO_ROOT.parent / "shared" / "data" / "locomo"
 FILES = sorted(LOCOMO.glob("*.json"))

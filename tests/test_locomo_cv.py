@@ -59,7 +59,7 @@ def test_each_fold_trains_without_its_conversations_and_is_scored_only_on_them(t
         assert f"bundle.path={bundle}" in stages[f"facts_tuned_f{k}"].command()
         # the row composes as eval.run reads it (Hydra's override grammar), with the fold's bundle in place
         from arbor_train.runtime.config import compose as compose_eval
-        from eval.run import runtime_config
+        from arbor_train.runtime.config import runtime_config
 
         rc = runtime_config(OmegaConf.to_container(compose_eval("eval", [*tuned.split(), f"run_dir={tmp_path}"]), resolve=True))
         assert rc["extractors"]["facts"]["path"] == bundle and rc["extractors"]["summary"] == "heuristic"
@@ -205,9 +205,9 @@ class EchoLLM:
 
 
 def test_extraction_ahead_and_the_cache_give_the_same_memory(tmp_path, runtime_cfg):
+    from arbor_train.replay.methods import ArborMemoryMethod
     from arbor_train.runtime.extract import ExtractionCache, LLMExtractor
     from arbor_train.runtime.memory import build_components
-    from eval.methods import ArborMemoryMethod
 
     turns = [(f"word{i} Alice is planning step {i}.", f"ok {i}", f"2025-01-0{1 + i % 9}") for i in range(9)]
 

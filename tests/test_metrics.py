@@ -1,8 +1,8 @@
-"""Hand-computed cases for arbor_train.metrics (the arithmetic is in the comments)."""
+"""Hand-computed cases for arbor_train.scoring.training (the arithmetic is in the comments)."""
 
 import pytest
 
-from arbor_train.metrics import (
+from arbor_train.scoring.training import (
     fact_f1,
     json_validity,
     normalize_value,
@@ -335,7 +335,7 @@ def test_tag_metrics_empty_and_invalid():
 
 
 def test_extraction_metrics_per_kind_on_hand_worked_cases():
-    from arbor_train.metrics import extraction_metrics
+    from arbor_train.scoring.training import extraction_metrics
 
     # summary: identical -> 1; "the cat sat" vs "the cat sat down": LCS 3, P 1, R 3/4 -> F 6/7
     assert extraction_metrics("summary", ["a b c", "the cat sat"], ["a b c", "the cat sat down"])["rouge_l"] \

@@ -9,12 +9,11 @@ import math
 
 import pytest
 import torch
+from test_branchmem import cfg, first_session
 
 from arbor_train.errors import ConfigError
 from arbor_train.runtime import ArborMemory, Localization
 from data_gen.branchmem.validate import validate_session
-
-from test_branchmem import cfg, first_session
 
 
 # ---------------------------------------------------------------- generator

@@ -8,7 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from arbor_train.paths import CONF_DIR
-from arbor_train.pipeline import StageError, plan, run_pipeline
+from eval.pipeline import StageError, plan, run_pipeline
 
 TINY = [
     "echo=false", "wandb.enabled=false",
@@ -136,7 +136,7 @@ def test_bad_options_are_config_errors_before_any_stage(tmp_path, extra, msg):
 def test_a_stage_that_refuses_its_options_is_a_user_error_and_a_crash_is_not(tmp_path, monkeypatch):
     import sys
 
-    import arbor_train.pipeline as P
+    import eval.pipeline as P
     from arbor_train.errors import UserError
 
     for rc, user in ((2, True), (1, False)):

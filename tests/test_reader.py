@@ -41,9 +41,9 @@ def other_smoke(tmp_path_factory):
 
 
 def test_reader_rows_are_the_runtime_contexts_with_gold_or_unknown(tmp_path, smoke_data):
-    from data_gen.io import read_rows
+    from arbor_train.conversations.io import read_rows
+    from arbor_train.scoring.answers import context_flags
     from eval.protocols.branchmem import load_sessions, session_fingerprint
-    from eval.scoring import context_flags
 
     stats = reader_set(smoke_data, tmp_path / "r")
     rows = read_rows(tmp_path / "r" / "jsonl" / "reader.jsonl", "reader")
@@ -68,8 +68,8 @@ def test_reader_rows_are_the_runtime_contexts_with_gold_or_unknown(tmp_path, smo
 
 def test_exclude_leaves_out_sessions_an_evaluation_set_holds(tmp_path, smoke_data):
     """A session is excluded by content: a copy with other ids is still found."""
-    from data_gen.io import read_rows
-    from eval.protocols.branchmem import load_sessions
+    from arbor_train.conversations.io import read_rows
+    from arbor_train.replay.sessions import load_sessions
 
     sessions = load_sessions(smoke_data)
     held = tmp_path / "held" / "jsonl"

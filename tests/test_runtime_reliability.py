@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_runtime_cli import CONVERSATION, make_cfg, write_json
 
 from arbor_train.errors import UserError
 from arbor_train.paths import REPO_ROOT
@@ -26,7 +27,6 @@ from arbor_train.runtime.cli import load_conversation, run
 from arbor_train.runtime.index import index_path
 from arbor_train.runtime.memory import turn_keys
 from arbor_train.runtime.store import SCHEMA_VERSION, MemoryBusy, Store, conv_token
-from test_runtime_cli import CONVERSATION, make_cfg, write_json
 
 LOCOMO = REPO_ROOT.parent / "shared" / "data" / "locomo"
 FORK = multiprocessing.get_context("fork")
@@ -551,7 +551,7 @@ def test_zz_fuzz_report():
 
 # ---------------------------------------------------------------------- the tuned router reads real text
 def _locomo_turns(limit: int = 120) -> list[dict]:
-    from eval.benchmarks.locomo import load_locomo
+    from arbor_train.conversations.locomo import load_locomo
 
     files = sorted(LOCOMO.glob("*.json"))
     conv = load_locomo(files[0])[0]
@@ -568,11 +568,11 @@ def test_a_tuned_cross_encoder_bundle_ingests_a_real_conversation(tmp_path):
     """LoCoMo turns longer than the 64-token pair stopped the tuned reranker ("Sequence to truncate too
     short"); a LoRA bundle of the cross-encoder kind now routes a whole real slice with its longest turn."""
     from peft import LoraConfig, get_peft_model
+    from test_runtime_models import MINILM, manifest, tiny_bert
     from transformers import AutoTokenizer
 
     from arbor_train.modelref import resolve
     from arbor_train.runtime import write_manifest
-    from test_runtime_models import MINILM, manifest, tiny_bert
 
     base, base_dir = tiny_bert(tmp_path)
     model = get_peft_model(base, LoraConfig(r=4, target_modules=["query", "value"], modules_to_save=["classifier"],

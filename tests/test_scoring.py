@@ -1,10 +1,10 @@
-"""Hand-computed cases for eval.scoring (the arithmetic is in the comments)."""
+"""Hand-computed cases for arbor_train.scoring.answers (the arithmetic is in the comments)."""
 
-import Stemmer
 import pytest
+import Stemmer
 
 from arbor_train.runtime.context import Block, Context
-from eval.scoring import (
+from arbor_train.scoring.answers import (
     ABSTENTION_PHRASES,
     ERROR_CATEGORIES,
     LOCOMO_CODE_ABSTENTION_PHRASES,
@@ -487,7 +487,7 @@ def test_aggregate_empty_and_invalid():
 
 
 def test_answer_token_recall_counts_the_gold_tokens_the_context_holds():
-    from eval.scoring import answer_token_recall
+    from arbor_train.scoring.answers import answer_token_recall
 
     ctx = "[1:56 pm on 8 May, 2023] Caroline: I went to the LGBTQ support group on 7 May 2023."
     assert answer_token_recall(ctx, "7 May 2023") == 1.0

@@ -172,7 +172,7 @@ def test_one_override_sends_a_pipeline_training_stage_to_slurm(slurm_cluster, en
     out = tmp_path / "pipe"
     launcher = (f"sbatch --wait --gpus-per-node=0 --cpus-per-task=1 --time=00:15:00 "
                 f"--output={env['ARBOR_OUTPUT_ROOT']}/pipe-%j.out slurm/train.sbatch")
-    res = subprocess.run([sys.executable, "-m", "arbor_train.pipeline", f"out={out}", *TINY,
+    res = subprocess.run([sys.executable, "-m", "eval.pipeline", f"out={out}", *TINY,
                           f"train.extractor.launcher='{launcher}'"],
                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

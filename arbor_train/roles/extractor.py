@@ -19,11 +19,21 @@ import torch
 from .. import data as D
 from ..errors import ConfigError
 from ..models import add_lora, build_decoder
-from ..packing import (PACKED_ATTENTION, build_sft_example, collate_packed, collate_padded, pack_examples,
-                       packed_layout, padding_fraction, real_tokens, use_packed_attention)
+from ..packing import (
+    PACKED_ATTENTION,
+    build_sft_example,
+    collate_packed,
+    collate_padded,
+    pack_examples,
+    packed_layout,
+    padding_fraction,
+    real_tokens,
+    use_packed_attention,
+)
 from ..prompts import EXTRACT_TEMPLATE, extract_messages, extract_target
 from ..wrap import through_root
 from .common import Built, Role, RoleModule, load_rows, loaders
+
 
 def row_target(r: dict, kind: str):
     """A row's supervision for one kind, or None where the row does not supervise it: `summary` comes from
@@ -208,7 +218,7 @@ class ExtractorModule(RoleModule):
 
     @torch.no_grad()
     def generate_metrics(self) -> dict[str, Any]:
-        from ..metrics import extraction_metrics, json_validity
+        from ..scoring.training import extraction_metrics, json_validity
 
         if not self.gen_examples:
             return {}

@@ -8,7 +8,7 @@ machinery (roles/extractor.py). An example whose prompt does not fit `task.max_l
 counted, never truncated (a reader must not learn from a context cut in half).
 
 Validation reports the held-out answer loss and, on a fixed held-out sample, generated answers scored as
-the harness scores them (`eval.scoring.answer_correct`): accuracy where the context holds the gold, the
+the harness scores them (`arbor_train.scoring.answers.answer_correct`): accuracy where the context holds the gold, the
 share of "unknown" where it does not, and error categories. The bundle lists the content fingerprints of
 its training sessions (`training_sessions`), which the harness checks against the sessions it evaluates.
 """
@@ -61,7 +61,7 @@ def reader_examples(rows: list[dict], tokenizer, max_length: int) -> tuple[list[
 
 def reader_scores(preds: list[str], rows: list[dict]) -> dict[str, Any]:
     """Generated answers scored as the harness scores them."""
-    from eval.scoring import ERROR_CATEGORIES, answer_correct, error_category, normalize_answer
+    from arbor_train.scoring.answers import ERROR_CATEGORIES, answer_correct, error_category, normalize_answer
 
     known = [(p, r) for p, r in zip(preds, rows) if r["gold_in_context"]]
     missing = [(p, r) for p, r in zip(preds, rows) if not r["gold_in_context"]]

@@ -297,7 +297,7 @@ class RerankerModule(RoleModule):
                               "threshold": float(logits[-1].detach())})
 
     def epoch_metrics(self) -> dict[str, Any]:
-        from ..metrics import rerank_metrics
+        from ..scoring.training import rerank_metrics
 
         if not self._val:
             return {}
@@ -381,9 +381,9 @@ class Reranker(Role):
         return Built(RerankerModule(model, c), tok, train_loader, val_loader, fp, {"groups": groups, "mixed": len(mixed)})
 
     def baselines(self, c: dict, built: Built, trainer) -> dict[str, Any]:
-        from ..metrics import rerank_metrics
         from ..runtime import default_config
         from ..runtime.rerank import HeuristicReranker
+        from ..scoring.training import rerank_metrics
 
         out = super().baselines(c, built, trainer)
         rcfg = default_config()

@@ -45,7 +45,7 @@ class TaggerModule(RoleModule):
             self._val_gold.append([l for l, v in zip(self.labels, row_g) if v >= 0.5])
 
     def epoch_metrics(self) -> dict[str, Any]:
-        from ..metrics import tag_metrics
+        from ..scoring.training import tag_metrics
 
         if not self._val_gold:
             return {}

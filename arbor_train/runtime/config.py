@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
+from ..errors import ConfigError
 from ..paths import CONF_DIR
 
 
@@ -25,3 +26,25 @@ def default_config(profile: str = "default", overrides: list[str] | None = None)
     """
     cfg = compose("runtime_cli", [f"runtime={profile}"] + [f"runtime.{o}" for o in (overrides or [])])
     return OmegaConf.to_container(cfg.runtime, resolve=True)
+
+
+def runtime_config(c: dict) -> dict:
+    """The runtime configuration of the run: its profile, the overrides, then the ablation switches."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        runtime_cfg = default_config(c["runtime_profile"], list(c["runtime_overrides"]))
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(f"option runtime_overrides={c['runtime_overrides']} (runtime_profile="
+                          f"{c['runtime_profile']}): {e}") from e
+    from .layers import check_layers
+
+    check_layers(runtime_cfg["context"])
+    for k, v in c["ablation"].items():
+        if k == "name":
+            continue
+        if k not in runtime_cfg["ablation"]:
+            raise ConfigError(f"option ablation.{k} is not a runtime ablation switch ({sorted(runtime_cfg['ablation'])})")
+        runtime_cfg["ablation"][k] = v
+    return runtime_cfg

@@ -116,11 +116,11 @@ def render_forest(mem: "ArborMemory", out_path: str | Path, highlight: list[int]
                   title: str | None = None) -> str:
     """Draw mem's forest to out_path (.png or .svg); returns the path written."""
     suffix = _check_suffix(out_path)
+    import matplotlib
     from matplotlib import patheffects
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
-    import matplotlib
 
     nodes = mem.nodes()
     hl = set(int(i) for i in (highlight or []))

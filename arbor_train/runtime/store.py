@@ -46,7 +46,7 @@ except ImportError:  # pragma: no cover - platforms without the wheel
     import sqlite3
 
 from ..errors import InputError, UserError
-from .schema import AtomicFact, Artifact, Event, Node, StateRecord
+from .schema import Artifact, AtomicFact, Event, Node, StateRecord
 from .text import STOPWORDS, content_words
 
 SCHEMA_VERSION = 4  # v2: injective conversation tokens, nodes.turn_key; v3: provenance, forgetting; v4: links

@@ -16,8 +16,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from arbor_train.errors import (ConfigError, conf_options, entry_point, parse_bool, parse_choice, parse_float,
-                                parse_int)
+from arbor_train.errors import ConfigError, conf_options, entry_point, parse_bool, parse_choice, parse_float, parse_int
 from arbor_train.paths import CONF_DIR
 
 from .generate import build_session, merge_shards, run_generation, session_targets
@@ -155,7 +154,7 @@ def _cfg_text(cfg: DictConfig) -> str:
 
 
 def run(cfg: DictConfig) -> dict:
-    from data_gen.io import quiet
+    from arbor_train.conversations.io import quiet
 
     with quiet():
         return _run(cfg)

@@ -9,7 +9,7 @@ From a generated session, `with_forget_request` picks one stated value to forget
 A few turns after the target (and after every turn that states the value: a question's canonical
 reply may quote it) a request turn is inserted ("Please forget what I told you about Erik's date."; it
 names the slot, never the value), with `forget_turns` naming every earlier turn that mentions the value
-(the scorer's own matcher, `eval.scoring.mentions`): the harness applies the deletion through each
+(the scorer's own matcher, `arbor_train.scoring.answers.mentions`): the harness applies the deletion through each
 method's own `forget`, as an application would after its user asked to delete every mention. A value
 is only chosen when every other turn that mentions it is a question about the same slot, and no
 timestamp does ("5" in an agenda's "5) coffee break", "49" in "15:49"): the deletion then removes
@@ -25,7 +25,7 @@ import copy
 import json
 import random
 
-from eval.scoring import mentions
+from arbor_train.scoring.answers import mentions
 
 from .realize import SLOT_WORDS
 

@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
-from data_gen.io import SetWriter
+from arbor_train.conversations.io import SetWriter
 
 from .plan import SPECIFICITY, PlanError, allocate, plan_session
 from .realize import Turn, realize
@@ -135,7 +135,7 @@ def summarize(rows: dict[str, list[dict]]) -> dict:
 
 def work_session(i: int) -> tuple[dict[str, list[str]], dict, dict]:
     """Build, mine and serialise session i in the worker; only text lines travel back."""
-    from data_gen.io import dumps
+    from arbor_train.conversations.io import dumps
 
     plan, turns, report = build_session(i, _W["p"], _W["seed"], _W["targets"], _W["verbalizer"])
     rows: dict[str, list[dict]] = {"sessions": [session_row(plan, turns)]}
@@ -292,7 +292,7 @@ def card(stats: dict, cfg_text: str, sample: dict) -> str:
         "| rule | failures before regeneration |", "|---|---:|",
         *[f"| {k} | {n} |" for k, n in v["failures"].items()],
         "",
-        "## Supervision sets (schemas: `data_gen/schema.py`)",
+        "## Supervision sets (schemas: `arbor_train/conversations/supervision.py`)",
         "",
         "| set | rows |", "|---|---:|",
         *[f"| {k} | {n:,} |" for k, n in stats["supervision"].items()],

@@ -15,7 +15,6 @@ from arbor_train.runtime import ArborMemory, Localization
 
 from .realize import Turn
 
-
 GROUP_FIELDS = ("speaker", "back", "minutes")  # a group-chat candidate's extra document fields (schema.Candidate)
 
 

@@ -56,7 +56,7 @@ def evidence_summary(recs: list[dict]) -> dict[str, Any]:
 def ingest(conv, method) -> tuple[list, dict[str, int]]:
     """Build a method's memory from a whole conversation (every interaction, in order); returns the
     interactions and the map from turn id to interaction index that evidence ids are resolved with."""
-    from eval.benchmarks.schema import interactions
+    from arbor_train.conversations.schema import interactions
 
     inters = interactions(conv)
     method.prefetch([(it.user, it.assistant, it.timestamp) for it in inters])  # the memory is built once

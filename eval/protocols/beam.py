@@ -10,7 +10,7 @@ from .base import Protocol, check_input, evidence_summary, ingest
 
 
 def load(c: dict) -> list:
-    from eval.benchmarks.beam import load_beam_dir
+    from arbor_train.conversations.beam import load_beam_dir
 
     return load_beam_dir(c["beam"]["input"])
 
@@ -18,8 +18,8 @@ def load(c: dict) -> list:
 def replay(conv, method, answers, judge, c: dict) -> tuple[list[dict], list[dict]]:
     import ast
 
+    from arbor_train.scoring.answers import kendall_tau_order
     from eval.judge import rubric_score
-    from eval.scoring import kendall_tau_order
 
     _, idx_of = ingest(conv, method)
     now = conv.sessions[-1].date_time if conv.sessions else None

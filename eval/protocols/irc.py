@@ -1,7 +1,7 @@
 """Ubuntu IRC disentanglement protocol (Kummerfeld et al. 2019), online: every message (lines 0-999 are
 context) is routed from the committed prefix by `observe`, then committed; the chosen state is the
 reply-to link (a new root: a self-link). System lines are not committed and link to themselves. One
-record per annotated line; link P/R/F and the conversation metrics come from eval/benchmarks/irc.py."""
+record per annotated line; link P/R/F and the conversation metrics come from arbor_train/conversations/irc.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .base import Protocol, check_input
 
 
 def load(c: dict) -> list:
-    from eval.benchmarks.irc import load_irc
+    from arbor_train.conversations.irc import load_irc
 
     return load_irc(c["irc"]["input"])
 
@@ -36,7 +36,7 @@ def replay(f, method, answers, judge, c: dict) -> tuple[list[dict], list[dict]]:
 
 
 def summarize(recs: list[dict], _: list[dict]) -> dict[str, Any]:
-    from eval.benchmarks.irc import score_links
+    from arbor_train.scoring.irc import score_links
 
     by_file: dict[str, tuple[dict, dict]] = {}
     for r in recs:

@@ -24,13 +24,13 @@ def check(c: dict) -> None:
 
 
 def load(c: dict) -> list:
-    from eval.benchmarks.locomo import load_locomo
+    from arbor_train.conversations.locomo import load_locomo
 
     return load_locomo(c["locomo"]["input"])
 
 
 def replay(conv, method, answers, judge, c: dict) -> tuple[list[dict], list[dict]]:
-    from eval.scoring import answer_token_recall, locomo_score
+    from arbor_train.scoring.answers import answer_token_recall, locomo_score
 
     categories = [int(x) for x in c["locomo"]["categories"]]
     t0 = time.perf_counter()
@@ -61,7 +61,7 @@ def replay(conv, method, answers, judge, c: dict) -> tuple[list[dict], list[dict
 
 
 def summarize(recs: list[dict], _: list[dict]) -> dict[str, Any]:
-    from eval.scoring import aggregate
+    from arbor_train.scoring.answers import aggregate
 
     out: dict[str, Any] = evidence_summary(recs)
     out["answer_token_recall"] = mean4([r["answer_token_recall"] for r in recs if r.get("answer_token_recall") is not None])

@@ -11,7 +11,7 @@ from .base import Protocol, check_input, ingest, percentile
 
 
 def load(c: dict) -> list:
-    from eval.benchmarks.longmemeval import load_longmemeval
+    from arbor_train.conversations.longmemeval import load_longmemeval
 
     return load_longmemeval(c["longmemeval"]["input"])
 
@@ -41,7 +41,7 @@ def replay(conv, method, answers, judge, c: dict) -> tuple[list[dict], list[dict
 
 
 def summarize(recs: list[dict], _: list[dict]) -> dict[str, Any]:
-    from eval.scoring import aggregate
+    from arbor_train.scoring.answers import aggregate
 
     out: dict[str, Any] = {"questions": len(recs),
                            "context_tokens_mean": round(sum(r["context_tokens"] for r in recs) / max(1, len(recs)), 1),

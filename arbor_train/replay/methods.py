@@ -18,7 +18,6 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass, field
 
-
 import numpy as np
 
 from arbor_train.runtime import ArborMemory, Localization, TokenCounter

@@ -1,4 +1,4 @@
-"""python -m arbor_train.report out=<pipeline folder>: the pipeline's report (markdown, plots, W&B run).
+"""python -m eval.pipeline_report out=<pipeline folder>: the pipeline's report (markdown, plots, W&B run).
 
 Reads only what the stages wrote (stage.json, the training runs' final/metrics.json, the evaluation
 runs' results.json and the compare sets' tables and plots); nothing in it is typed in by hand.
@@ -15,8 +15,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from . import roles
-from .roles.common import fmt as _f
+from arbor_train import roles
+from arbor_train.roles.common import fmt as _f
 
 ROWS = ("heuristic", "untuned", "tuned", "reader")
 ROW_LABEL = {"heuristic": "heuristic components (no model)", "untuned": "untuned prompted SmolLM2-135M",
@@ -165,7 +165,7 @@ def build(out: Path) -> dict:
 def log_wandb(out: Path, res: dict, project: str) -> None:
     import wandb
 
-    from data_gen.io import quiet
+    from arbor_train.conversations.io import quiet
 
     with quiet():
         run = wandb.init(project=project, job_type="pipeline_report", dir=str(out / "report"), name=f"pipeline-{out.name}",
@@ -183,7 +183,7 @@ def main() -> None:
     c = OmegaConf.merge(OmegaConf.create({"out": None, "wandb": {"enabled": True, "project": "arbortrain"}}),
                         OmegaConf.from_cli(sys.argv[1:]))
     if not c.out:
-        sys.exit("usage: python -m arbor_train.report out=<pipeline folder> [wandb.enabled=false]")
+        sys.exit("usage: python -m eval.pipeline_report out=<pipeline folder> [wandb.enabled=false]")
     out = Path(c.out)
     if not out.is_dir():
         sys.exit(f"option out={out}: no such pipeline folder")

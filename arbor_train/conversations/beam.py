@@ -21,8 +21,16 @@ import re
 from pathlib import Path
 from typing import Any
 
-from eval.benchmarks.schema import (BenchmarkFormatError, Conversation, Question, Session, Turn, check_unique,
-                                    need_text, utf8)
+from arbor_train.conversations.schema import (
+    BenchmarkFormatError,
+    Conversation,
+    Question,
+    Session,
+    Turn,
+    check_unique,
+    need_text,
+    utf8,
+)
 
 ABILITIES = (
     "abstention",

@@ -1,4 +1,4 @@
-"""python -m arbor_train.pipeline [overrides]: the whole loop, one command.
+"""python -m eval.pipeline [overrides]: the whole loop, one command.
 
 generate (formal, train, heldout) -> LoRA-tune reranker, tagger, extractor -> export three bundles ->
 evaluate on `formal`: baselines and ablations (heuristic components, whole set); heuristic vs tuned
@@ -29,9 +29,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from . import roles
-from .errors import ConfigError, UserError, conf_options, entry_point, parse_bool, parse_choice, parse_int
-from .paths import CONF_DIR, REPO_ROOT
+from arbor_train import roles
+from arbor_train.errors import ConfigError, UserError, conf_options, entry_point, parse_bool, parse_choice, parse_int
+from arbor_train.paths import CONF_DIR, REPO_ROOT
 
 FINGERPRINT_VERSION = 1
 EXIT_USER_ERROR = 2
@@ -130,10 +130,10 @@ def _train_argv(c: dict, py: list[str], role: str, out: Path) -> list[str]:
 def train_roles(c: dict) -> dict[str, dict]:
     """role -> the `task` node its experiment trains (composed as the training stage will compose it), for
     every role under `train:` (the keys other than `launcher`), in order."""
-    from arbor_train.runtime.config import compose
-
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
+
+    from arbor_train.runtime.config import compose
 
     out = {}
     for role, t in c["train"].items():
@@ -220,7 +220,7 @@ def plan(c: dict) -> list[Stage]:
                                                 f"run_dir={out / f'eval_llm_{row}'}"],
                             ["data_formal", *deps], what=f"{row} runtime with answers, LLM subset"))
     evals = [s.name for s in stages if s.name.startswith("eval_")]
-    stages.append(Stage("report", [*py, "-m", "arbor_train.report", f"out={out}",
+    stages.append(Stage("report", [*py, "-m", "eval.pipeline_report", f"out={out}",
                                    f"wandb.enabled={c['wandb']['enabled']}", f"wandb.project={c['wandb']['project']}"],
                         [*(f"export_{role}" for role in trained), *evals, *(f"train_{role}" for role in trained)],
                         what="report.md, plots, W&B run"))
@@ -264,7 +264,7 @@ def _run(stage: Stage, log: Path, echo: bool, env: dict) -> int:
 
 
 def run_stages(stages: list[Stage], out: Path, only: list[str], force: list[str], echo: bool, env: dict,
-               label: str = "pipeline", rerun: str = "python -m arbor_train.pipeline") -> dict:
+               label: str = "pipeline", rerun: str = "python -m eval.pipeline") -> dict:
     """Run planned stages in order under `out`, skipping each whose stage.json records the same
     fingerprint and a clean finish (`only`: run just these, reuse the others; `force`: redo these, or
     [all]). Returns {out, total_s, stages: per-stage timings}; a failed stage raises StageError."""

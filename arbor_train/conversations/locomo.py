@@ -5,7 +5,7 @@
 - the combined `locomo10.json`: a list of samples with sample_id, conversation (speakers and sessions),
   qa, event_summary, observation, session_summary; the conversation id is sample_id.
 
-Both produce the same `Conversation` (eval/benchmarks/schema.py). LoCoMo-specific annotations go into
+Both produce the same `Conversation` (arbor_train/conversations/schema.py). LoCoMo-specific annotations go into
 `conv.meta`: observations (session -> speaker -> [[fact, [dia_ids]]]), events (session -> speaker ->
 [events], date) and summaries (session -> text). Category numbering is the LoCoMo data's own:
 1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop, 5 adversarial.
@@ -22,8 +22,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .schema import (BenchmarkFormatError, Conversation, Question, Session, Turn, answer_text, check_unique,
-                     need_text)
+from .schema import BenchmarkFormatError, Conversation, Question, Session, Turn, answer_text, check_unique, need_text
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
 _SESSION = re.compile(r"^session_(\d+)$")

@@ -54,7 +54,7 @@ class SetWriter:
         self._checked = {n: 0 for n in self.names}
 
     def write(self, name: str, rows: Iterable[dict]) -> None:
-        from data_gen.schema import validate_rows
+        from arbor_train.conversations.supervision import validate_rows
 
         f = self._files[name]
         for row in rows:
@@ -69,7 +69,7 @@ class SetWriter:
         f = self._files[name]
         for line in lines:
             if self._checked[name] < 200:
-                from data_gen.schema import validate_rows
+                from arbor_train.conversations.supervision import validate_rows
 
                 validate_rows(name, [json.loads(line)], source=f"{self.out_dir.name}/")
                 self._checked[name] += 1
@@ -87,7 +87,7 @@ class SetWriter:
         from datasets import Dataset, DatasetDict, DatasetInfo
         from datasets.utils.logging import disable_progress_bar
 
-        from data_gen.schema import SCHEMAS
+        from arbor_train.conversations.supervision import SCHEMAS
 
         disable_progress_bar()
         try:
@@ -127,8 +127,8 @@ def read_rows(path: str | Path, name: str) -> list[dict]:
     A line that is not JSON, a row that does not fit the schema (a string where a boolean belongs, a null
     text, a lone surrogate) and a repeated id are refused; the error names the file, the line and the field.
     """
+    from arbor_train.conversations.supervision import ROW_IDS, validate_row
     from arbor_train.errors import InputError
-    from data_gen.schema import ROW_IDS, validate_row
 
     p = Path(path)
     rows: list[dict] = []

@@ -82,7 +82,7 @@ SCHEMAS: dict[str, Features] = {
     "qa": Features({"conversation_id": Value("string"), "question_id": Value("string"), "question": Value("string"),
                     "answer": Value("string"), "category": Value("string"), "evidence": Sequence(Value("string")),
                     "adversarial_answer": Value("string")}),
-    # conversations in the common benchmark schema (eval/benchmarks/schema.py), one JSON document each
+    # conversations in the common benchmark schema (arbor_train/conversations/schema.py), one JSON document each
     "conversations": Features({"conversation_id": Value("string"), "document": Value("string")}),
 }
 

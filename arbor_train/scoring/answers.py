@@ -12,7 +12,7 @@ LoCoMo (``locomo_normalize``, ``locomo_f1``, ``locomo_score``)
     * every token is Porter-stemmed;
     * F1 over the *multiset* overlap of stemmed tokens; an overlap of zero scores 0.0, which includes
       the case of two empty strings (LoCoMo returns 0 there, unlike the SQuAD convention of
-      ``arbor_train.metrics.token_f1``);
+      ``arbor_train.scoring.training.token_f1``);
     * per category (LoCoMo numbering: 1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop,
       5 adversarial): 3 cuts the gold at its first ``";"``; 1 splits prediction and gold on ``","``
       and averages, over gold parts, the best F1 against any prediction part; 2 and 4 are plain F1;
@@ -127,7 +127,7 @@ from typing import TYPE_CHECKING, Any
 
 import Stemmer
 
-from arbor_train.metrics import multiset_counts
+from arbor_train.scoring.training import multiset_counts
 
 if TYPE_CHECKING:
     from arbor_train.runtime.context import Context

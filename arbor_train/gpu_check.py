@@ -1,7 +1,7 @@
 """GPU checks of the training step, on random-weight models of the real architectures (no downloads).
 
-    python -m eval.gpu_check prepare [data_dir] [examples.json]   # here: tokenize extraction examples
-    python -m eval.gpu_check run [examples.json] [out_dir]        # on a GPU machine: prints JSON lines
+    python -m arbor_train.gpu_check prepare [data_dir] [examples.json]   # here: tokenize extraction examples
+    python -m arbor_train.gpu_check run [examples.json] [out_dir]        # on a GPU machine: prints JSON lines
 
 `prepare` (CPU) writes 600 extractor SFT examples of `data_dir` (default
 outputs/data/branchmem_train_cpu_seed0) tokenized with SmolLM2's tokenizer, so the GPU machine needs
@@ -30,16 +30,22 @@ import torch
 from omegaconf import OmegaConf
 
 from arbor_train.models import add_lora
-from arbor_train.packing import (PACKED_ATTENTION, collate_packed, collate_padded, pack_examples,
-                                 per_example_loss, use_packed_attention)
+from arbor_train.packing import (
+    PACKED_ATTENTION,
+    collate_packed,
+    collate_padded,
+    pack_examples,
+    per_example_loss,
+    use_packed_attention,
+)
 from arbor_train.paths import CONF_DIR
 
 
 def prepare(data_dir: str = "outputs/data/branchmem_train_cpu_seed0", out: str = "outputs/gpu_check/examples.json",
             n: int = 600) -> int:
     from arbor_train.data import load_sets, select_rows
-    from arbor_train.roles.extractor import sft_examples
     from arbor_train.models import build_tokenizer
+    from arbor_train.roles.extractor import sft_examples
     from arbor_train.runtime.config import compose
 
     c = OmegaConf.to_container(compose("train", ["model=smollm2_135m", "task=extractor_states", "run_dir=unused"]),
@@ -57,7 +63,8 @@ def run(examples: str = "outputs/gpu_check/examples.json", out_dir: str | None =
     OUT = out_dir or os.environ.get("OUT", "/tmp")
     EXAMPLES = examples
     res = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
-    import transformers, peft  # noqa: E402
+    import peft
+    import transformers  # noqa: E402
 
     res["transformers"], res["peft"] = transformers.__version__, peft.__version__
     dev = os.environ.get("DEV", "cuda")
@@ -235,4 +242,4 @@ if __name__ == "__main__":
     elif sys.argv[1:2] == ["run"]:
         run(*sys.argv[2:4])
     else:
-        raise SystemExit("usage: python -m eval.gpu_check prepare [data_dir] [examples.json] | run [examples.json] [out_dir]")
+        raise SystemExit("usage: python -m arbor_train.gpu_check prepare [data_dir] [examples.json] | run [examples.json] [out_dir]")

@@ -13,8 +13,17 @@ import re
 from pathlib import Path
 from typing import Any
 
-from eval.benchmarks.schema import (BenchmarkFormatError, Conversation, Question, Session, Turn, answer_text,
-                                    check_unique, need_bool, need_text)
+from arbor_train.conversations.schema import (
+    BenchmarkFormatError,
+    Conversation,
+    Question,
+    Session,
+    Turn,
+    answer_text,
+    check_unique,
+    need_bool,
+    need_text,
+)
 
 QUESTION_TYPES = (
     "single-session-user",
