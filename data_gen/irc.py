@@ -27,16 +27,14 @@ from collections import Counter
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from arbor_train.errors import (
     ConfigError,
     MissingInputError,
     OutputExistsError,
-    conf_options,
     entry_point,
     parse_bool,
-    parse_choice,
     parse_float,
     parse_int,
 )
@@ -62,52 +60,14 @@ def conversation_row(f) -> dict:
 
 def routing_rows(f, runtime_cfg: dict, comps: dict, counts: Counter, teacher_forcing: float = 1.0,
                  seed: int = 0) -> list[dict]:
-    import random
-    import zlib
+    """The file's annotated messages as routing rows: the generic replay (data_gen/conversations.py) over its
+    non-system lines, each turn numbered by its line, the annotation's links as gold parents."""
+    from data_gen.conversations import replay_routing
 
-    from arbor_train.runtime import ArborMemory, Localization
-    from data_gen.branchmem.mine import candidate_row, gold_candidate
-
-    rng = random.Random(zlib.crc32(f"{seed}:{f.name}".encode()))  # the same draws for a file on every run
-    mem = ArborMemory.open(":memory:", f.name, runtime_cfg, components=comps)
-    node_of: dict[int, int] = {}
-    turn_of: dict[int, int] = {}
-    rows = []
-    try:
-        for m in f.messages:
-            if m.system:
-                continue
-            text = message_text(m)
-            loc = mem.localize(text, speaker=m.speaker, timestamp=m.time)
-            parents = sorted(p for p in f.parents.get(m.line, ()) if p != m.line and p in node_of)
-            if m.line in f.parents:
-                gold = parents[0] if parents else -1
-                cands = [candidate_row(c, turn_of) for c in loc.candidates]
-                have = {c["turn"] for c in cands}
-                for p in parents:
-                    if p not in have:
-                        cands.append(gold_candidate(mem, node_of[p], turn_of, m.time))
-                chosen = turn_of.get(loc.parent_id) if loc.parent_id is not None else None
-                rows.append({"session_id": f.name, "turn": m.line, "input": text, "timestamp": m.time,
-                             "candidates": cands, "gold_parent": gold, "gold_states": parents or [-1],
-                             "runtime_choice": -1 if chosen is None else chosen, "route": loc.route,
-                             "gold_recalled": gold == -1 or any(c["turn"] == gold and c["recalled"] for c in cands),
-                             "label_rule": "irc_annotation"})
-                counts["messages"] += 1
-                counts["new_conversation"] += gold == -1
-                counts["multi_parent"] += len(parents) > 1
-                counts["gold_recalled"] += rows[-1]["gold_recalled"]
-                if teacher_forcing < 1.0 and rng.random() >= teacher_forcing:  # keep the runtime's own route
-                    counts["runtime_placed"] += 1
-                    counts["runtime_placed_right"] += rows[-1]["runtime_choice"] in rows[-1]["gold_states"]
-                else:
-                    loc = (Localization(node_of[gold], "gold", 1.0) if gold != -1
-                           else Localization(None, "gold", 1.0))
-            node = mem.commit(text, "", loc, m.time, speaker=m.speaker)
-            node_of[m.line], turn_of[node.id] = node.id, m.line
-    finally:
-        mem.store.close()
-    return rows
+    turns = [{"turn": m.line, "user": message_text(m), "assistant": "", "timestamp": m.time, "speaker": m.speaker,
+              "parents": tuple(f.parents[m.line]) if m.line in f.parents else None}
+             for m in f.messages if not m.system]
+    return replay_routing(f.name, turns, runtime_cfg, comps, counts, teacher_forcing, seed, "irc_annotation")
 
 
 def card(stats: dict, source: str) -> str:
@@ -120,8 +80,8 @@ def card(stats: dict, source: str) -> str:
         lines.append(f"| {split} | {s['files']} | {s['lines']:,} | {s['messages']:,} | {s['new_conversation']:,} | "
                      f"{s['multi_parent']:,} | {s['gold_recalled'] / max(1, s['messages']):.3f} |")
     lines += ["", "`gold recalled`: the share of annotated messages whose gold parent was among the runtime's "
-              f"recalled candidates (profile `{stats['runtime_profile']}`"
-              + (f", overrides `{' '.join(stats['runtime_overrides'])}`" if stats.get("runtime_overrides") else "")
+              f"recalled candidates (runtime `{stats['runtime']}`"
+              + (f", settings `{' '.join(stats['runtime_settings'])}`" if stats.get("runtime_settings") else "")
               + "), or that start a conversation."]
     if stats.get("teacher_forcing", 1.0) < 1.0:
         for split, s in stats["splits"].items():
@@ -145,7 +105,9 @@ def _run(cfg: DictConfig) -> dict:
     from arbor_train.conversations.io import write_sets
     from arbor_train.conversations.irc import load_irc
     from arbor_train.runtime import build_components
+    from arbor_train.runtime.config import label as runtime_label
     from arbor_train.runtime.config import runtime_config
+    from arbor_train.runtime.config import settings as runtime_settings
 
     if OmegaConf.is_missing(cfg, "input") or not cfg.input:
         raise ConfigError("option input (the folder holding train/ and dev/) is required, e.g. input=../shared/data/irc")
@@ -159,11 +121,6 @@ def _run(cfg: DictConfig) -> dict:
         if not (src / s).is_dir():
             raise MissingInputError(f"option splits: {src / s} is not a folder")
     overwrite, progress = parse_bool(cfg.overwrite, "overwrite"), parse_bool(cfg.progress, "progress")
-    parse_choice(cfg.runtime_profile, "runtime_profile", conf_options("runtime"))
-    overrides = OmegaConf.to_container(cfg.runtime_overrides) if isinstance(cfg.runtime_overrides, ListConfig) else None
-    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
-        raise ConfigError(f"option runtime_overrides must be a list of override strings (key=value), "
-                          f"got {cfg.runtime_overrides!r}")
     max_files = None if cfg.max_files is None else parse_int(cfg.max_files, "max_files", minimum=1)
     forcing, seed = parse_float(cfg.teacher_forcing, "teacher_forcing", minimum=0.0), parse_int(cfg.seed, "seed")
     if forcing > 1.0:
@@ -173,9 +130,9 @@ def _run(cfg: DictConfig) -> dict:
     if out.exists() and not overwrite:  # fail before any work
         raise OutputExistsError(f"out_dir={str(out)!r} already exists; pass overwrite=true to replace it")
     files = {s: load_irc(src / s)[:max_files] for s in splits}  # every file parsed before anything is written
-    runtime_cfg = runtime_config({"runtime_profile": cfg.runtime_profile, "runtime_overrides": overrides, "ablation": {}})
+    runtime_cfg = runtime_config(OmegaConf.to_container(cfg, resolve=True))
     comps = build_components(runtime_cfg)
-    stats: dict = {"runtime_profile": cfg.runtime_profile, "runtime_overrides": overrides,
+    stats: dict = {"runtime": runtime_label(runtime_cfg), "runtime_settings": runtime_settings(runtime_cfg),
                    "teacher_forcing": forcing, "seed": seed, "splits": {}}
     for split, fs in files.items():
         counts: Counter = Counter()

@@ -37,16 +37,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from arbor_train.errors import (
-    ConfigError,
-    MissingInputError,
-    OutputExistsError,
-    conf_options,
-    entry_point,
-    parse_bool,
-    parse_choice,
-    parse_int,
-)
+from arbor_train.errors import ConfigError, MissingInputError, OutputExistsError, entry_point, parse_bool, parse_int
 from arbor_train.paths import CONF_DIR
 
 log = logging.getLogger(__name__)
@@ -281,7 +272,7 @@ def run(cfg: DictConfig) -> dict:
 def _run(cfg: DictConfig) -> dict:
     from arbor_train.conversations.io import write_sets
     from arbor_train.conversations.locomo import load_locomo
-    from arbor_train.runtime import default_config
+    from arbor_train.runtime.config import runtime_config
 
     if OmegaConf.is_missing(cfg, "input") or not cfg.input:
         raise ConfigError("option input (a LoCoMo file or folder) is required, e.g. input=../shared/data/locomo")
@@ -299,12 +290,12 @@ def _run(cfg: DictConfig) -> dict:
     if set(rules) - set(RULES):
         raise ConfigError(f"option rules has unknown rules {sorted(set(rules) - set(RULES))}; valid: {list(RULES)}")
     overwrite, progress = parse_bool(cfg.overwrite, "overwrite"), parse_bool(cfg.progress, "progress")
-    parse_choice(cfg.runtime_profile, "runtime_profile", conf_options("runtime"))
     out = Path(str(cfg.out_dir))
     if out.exists() and not overwrite:  # fail before any work
         raise OutputExistsError(f"out_dir={str(out)!r} already exists; pass overwrite=true to replace it")
     convs = load_locomo(str(cfg.input))
-    rows, label_counts, recall = convert(convs, default_config(cfg.runtime_profile), categories, rules, progress)
+    rows, label_counts, recall = convert(convs, runtime_config(OmegaConf.to_container(cfg, resolve=True)), categories,
+                                         rules, progress)
     stats = compute_stats(convs, rows, label_counts, recall, categories)
     write_sets(out, rows, stats, card(stats, str(cfg.input)), overwrite)
     print(f"wrote {out}: {stats['conversations']} conversations, {stats['sessions']} sessions, "

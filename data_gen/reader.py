@@ -71,9 +71,6 @@ def check_options(c: dict) -> None:
     if c["max_sessions"] is not None:
         c["max_sessions"] = parse_int(c["max_sessions"], "max_sessions", minimum=1)
     c["seed"] = parse_int(c["seed"], "seed")
-    parse_choice(c["runtime_profile"], "runtime_profile", conf_options("runtime"))
-    if not isinstance(c["runtime_overrides"], list):
-        raise ConfigError(f"option runtime_overrides must be a list of override strings, got {c['runtime_overrides']!r}")
     if not isinstance(c["exclude"], list):
         raise ConfigError(f"option exclude must be a list of BranchMemEval set folders, got {c['exclude']!r}")
     for i, d in enumerate(c["exclude"]):
@@ -85,12 +82,12 @@ def check_options(c: dict) -> None:
 
 
 def runtime_for(c: dict, ablation: str) -> dict:
-    """The runtime configuration of one ablation setting (eval.run's composition: profile, overrides, switches)."""
+    """The runtime configuration of one ablation setting (eval.run's composition: the runtime group, then the
+    ablation's switches)."""
     from arbor_train.runtime.config import runtime_config
 
     switches = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "ablation" / f"{ablation}.yaml"))
-    return runtime_config({"runtime_profile": c["runtime_profile"], "runtime_overrides": list(c["runtime_overrides"]),
-                           "ablation": switches})
+    return runtime_config({"runtime": c["runtime"], "ablation": switches})
 
 
 def build_rows(c: dict, sessions: list[tuple[dict, str]], runtimes: dict[str, dict]) -> list[dict]:
@@ -134,9 +131,12 @@ def build_rows(c: dict, sessions: list[tuple[dict, str]], runtimes: dict[str, di
 
 
 def compute_stats(c: dict, sessions: list[dict], rows: list[dict]) -> dict:
+    from arbor_train.runtime.config import label as runtime_label
+    from arbor_train.runtime.config import settings as runtime_settings
+
     return {
         "source": str(c["data_dir"]), "sessions": len(sessions), "rows": len(rows),
-        "runtime_profile": c["runtime_profile"], "runtime_overrides": list(c["runtime_overrides"]),
+        "runtime": runtime_label(c["runtime"]), "runtime_settings": runtime_settings(c["runtime"]),
         "settings_per_session": c["settings_per_session"], "seed": c["seed"],
         "unknown_targets": sum(r["answer"] == UNKNOWN_ANSWER for r in rows),
         "confounder_in_context": sum(r["confounder_in_context"] for r in rows),
@@ -152,7 +152,7 @@ def card(stats: dict) -> str:
     lines = [
         "# Reader supervision (runtime-assembled contexts)", "",
         f"Written by `python -m data_gen.reader` (ArborTrain) from `{stats['source']}`: {stats['sessions']} sessions "
-        f"replayed through the runtime (`runtime_profile={stats['runtime_profile']}`), "
+        f"replayed through the runtime (`{stats['runtime']}`), "
         f"{stats['settings_per_session']} read settings per session (seed {stats['seed']}). Sessions left out because "
         f"an evaluation set holds the same session (option `exclude`): {len(stats.get('excluded_sessions', []))} "
         f"({', '.join(stats.get('excluded_sessions', [])) or 'none'}).", "",

@@ -115,8 +115,8 @@ def bench_runtime(cfg: DictConfig) -> dict:
     b = cfg.bench
     sizes = sorted(parse_int(s, f"bench.sizes[{k}]", minimum=1) for k, s in enumerate(b.sizes))
     results: dict = {}
-    for label, profile in b.profiles.items():
-        rcfg = default_config(profile)
+    for label, overrides in b.runtimes.items():
+        rcfg = default_config(*overrides)
         comp = build_components(rcfg)
         measured_reranker = comp["reranker"]
         bulk = dict(comp, reranker=build_reranker({"kind": "heuristic", "heuristic": rcfg["reranker"]["heuristic"]}))
@@ -128,7 +128,7 @@ def bench_runtime(cfg: DictConfig) -> dict:
             res: dict = {}
             for size in sizes:
                 t0 = time.perf_counter()
-                # bulk build with the heuristic reranker (the measured windows use the profile's own)
+                # bulk build with the heuristic reranker (the measured windows use the runtime's own)
                 while built < size - b.window:
                     u, a, q = next(stream)
                     mem.step(u, a)
@@ -304,7 +304,7 @@ def bench_extract(cfg: DictConfig) -> dict:
     from arbor_train.runtime.bundle import load_bundle
 
     kinds = [k for k in KINDS if k in (load_bundle(str(b.bundle), role="extractor").manifest.get("kinds") or KINDS)]
-    heur = default_config("default")["heuristics"]
+    heur = default_config()["heuristics"]
     rows = {}
     with quiet():
         tuned = ExtractorSet({k: spec for k in kinds}, heur)
@@ -388,10 +388,14 @@ def check_options(cfg: DictConfig) -> None:
         for key in ("window", "queries"):
             parse_int(b[key], f"bench.{key}", minimum=1)
         parse_int(b.seed, "bench.seed")
-        if not b.profiles:
-            raise ConfigError("option bench.profiles must map labels to conf/runtime profiles")
-        for label, profile in b.profiles.items():
-            parse_choice(profile, f"bench.profiles.{label}", conf_options("runtime"))
+        if not b.runtimes:
+            raise ConfigError("option bench.runtimes must map labels to lists of runtime overrides")
+        from arbor_train.runtime.config import check_overrides
+
+        for label, overrides in b.runtimes.items():
+            if isinstance(overrides, str) or overrides is None:
+                raise ConfigError(f"option bench.runtimes.{label} must be a list of runtime overrides, got {overrides!r}")
+            check_overrides(overrides, f"bench.runtimes.{label}")
         return
     if cfg.target == "extract":
         b = cfg.bench_extract

@@ -4,11 +4,11 @@
     python -m eval.compare ablations [eval overrides...]   # full and each component removed alone
     python -m eval.compare budgets   [eval overrides...]   # 256 ... 32768 tokens for arbormem and the baselines
     python -m eval.compare policies  [eval overrides...]   # read policies vs BM25 and dense at 512-2048 tokens
-    python -m eval.compare grid --row "method=bm25" --row "method=dense runtime_profile=minilm" \
+    python -m eval.compare grid --row "method=bm25" --row "method=dense runtime/components=minilm" \
         --budgets 512 1024 [eval overrides...]           # your own rows, each at each budget
 
-Overrides are those of `python -m eval.run` (Hydra syntax), e.g. `runtime_profile=tuned
-'runtime_overrides=["reranker.bundle.path=outputs/bundles/reranker"]' answer_model=smollm2`. Every run
+Overrides are those of `python -m eval.run` (Hydra syntax), e.g. `runtime/components=tuned
+runtime.reranker.bundle.path=outputs/bundles/reranker answer_model=smollm2`. Every run
 keeps its own folder under --out; the table, merged.json and the plots land in --out.
 """
 
@@ -25,11 +25,11 @@ SETS = {
         "state_localization", "routing", "atomic_facts", "structured_extraction", "structured_evidence")],
     "budgets": [[f"method={m}", f"budget={b}"] for m in ("arbormem", "full_context", "bm25", "dense")
                 for b in (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)],
-    # the two read policies (conf/runtime/default.yaml: in-dialogue; cross_session.yaml: after the
+    # the two read policies (conf/runtime/read_policy: default, in-dialogue; cross_session, after the
     # conversation) beside BM25 and MiniLM dense retrieval, at three budgets; pass benchmark=locomo for LoCoMo
     "policies": [[f"budget={b}", *m] for b in (512, 1024, 2048) for m in (
-        ["method=arbormem", "runtime_profile=default"], ["method=arbormem", "runtime_profile=cross_session"],
-        ["method=bm25", "runtime_profile=default"], ["method=dense", "runtime_profile=minilm"])],
+        ["method=arbormem", "runtime/read_policy=default"], ["method=arbormem", "runtime/read_policy=cross_session"],
+        ["method=bm25"], ["method=dense", "runtime/components=minilm"])],
 }
 
 
@@ -49,7 +49,7 @@ def compare(kind: str, overrides: list[str], out: str | Path, configs: list[list
         raise ValueError(f"compare set must be one of {sorted(SETS)}, got {kind!r}")
     out = Path(out)
     for i, extra in enumerate(configs if configs is not None else SETS[kind]):
-        name = "-".join(e.split("=", 1)[1] for e in extra if not e.startswith("runtime_overrides="))[:80]
+        name = "-".join(e.split("=", 1)[1].replace("/", "_") for e in extra if not e.startswith("runtime."))[:80]
         cfg = compose("eval", [*overrides, *extra, f"run_dir={out / f'{i:02d}-{name}'}"])
         run(cfg)
     return report([out], out)

@@ -17,15 +17,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from arbor_train.errors import (
-    ConfigError,
-    MissingInputError,
-    conf_options,
-    entry_point,
-    parse_choice,
-    parse_float,
-    parse_int,
-)
+from arbor_train.errors import ConfigError, MissingInputError, entry_point, parse_choice, parse_float, parse_int
 from arbor_train.paths import CONF_DIR
 
 EXTRACTORS = ("heuristic", "prompted", "bundle")
@@ -50,7 +42,6 @@ def run(cfg: DictConfig) -> dict:
     from arbor_train.conversations.io import quiet
     from arbor_train.conversations.locomo import load_locomo
     from arbor_train.conversations.schema import interactions
-    from arbor_train.runtime import default_config
     from arbor_train.runtime.extract import ExtractorSet, TurnInput
     from arbor_train.runtime.validate import ValidationReport, validate_items
     from arbor_train.scoring.training import fact_f1, json_validity
@@ -63,7 +54,6 @@ def run(cfg: DictConfig) -> dict:
         raise ConfigError(f"option match_threshold must be at most 1 (a token F1), got {threshold}")
     batch = parse_int(c["batch_size"], "batch_size", minimum=1)
     cap = None if c["max_interactions"] is None else parse_int(c["max_interactions"], "max_interactions", minimum=1)
-    parse_choice(c["runtime_profile"], "runtime_profile", conf_options("runtime"))
     if not Path(str(c["input"])).exists():
         raise MissingInputError(f"option input={c['input']!r}: no such file or folder")
     convs = load_locomo(c["input"])
@@ -72,7 +62,7 @@ def run(cfg: DictConfig) -> dict:
     convs = select_by_id(convs, c["conversations"], lambda x: x.conversation_id, "conversations", c["input"])
     if isinstance(spec, dict) and spec.get("kind") == "bundle":  # never scored on its own training conversations
         check_extractor_heldout({"extractors": {"facts": spec}}, [x.conversation_id for x in convs])
-    heur = default_config(c["runtime_profile"])["heuristics"]
+    heur = c["runtime"]["heuristics"]
     with quiet():
         ex = ExtractorSet({"facts": spec}, heur, enabled=["facts"])
         if c.get("extraction_cache"):

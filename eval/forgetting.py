@@ -47,11 +47,10 @@ def untouched(sess: dict, forget: dict) -> list[bool]:
 def evaluate(c: dict) -> dict:
     from arbor_train.conversations.io import quiet
     from arbor_train.replay.methods import METHODS, build_method
+    from arbor_train.replay.sessions import load_sessions, replay_session
     from arbor_train.runtime import TokenCounter, build_components
-    from arbor_train.runtime.config import runtime_config
+    from arbor_train.runtime.config import label, runtime_config
     from data_gen.branchmem.forgetting import with_forget_request
-
-    from .protocols.branchmem import load_sessions, replay_session
 
     methods = list(c["methods"])
     for m in methods:
@@ -107,7 +106,7 @@ def evaluate(c: dict) -> dict:
             rows.append(row)
             print(f"[forgetting] {name}: {json.dumps(row)}", flush=True)
     return {"sessions": len(pairs), "sessions_skipped": len(sessions) - len(pairs), "forget_types": kinds,
-            "budget": budget, "runtime_profile": c["runtime_profile"], "seconds": round(time.perf_counter() - t0, 1),
+            "budget": budget, "runtime": label(runtime_cfg), "seconds": round(time.perf_counter() - t0, 1),
             "rows": rows}
 
 

@@ -42,15 +42,17 @@ from arbor_train.errors import (
 )
 from arbor_train.paths import CONF_DIR
 
-# row name -> eval.run overrides ({tuned}: the tuned bundles' runtime overrides, filled per fold)
+# row name -> eval.run overrides ({tuned}: the overrides that plug the fold's bundles in, filled per fold)
 ROWS = {
-    "heuristic": "method=arbormem runtime_profile=cross_session",
-    "untuned": "method=arbormem runtime_profile=cross_session_untuned",
-    "tuned": "method=arbormem runtime_profile=cross_session_tuned runtime_overrides={tuned}",
-    "bm25": "method=bm25 runtime_profile=default",
-    "dense": "method=dense runtime_profile=minilm",
-    "fact_store": "method=fact_store runtime_profile=cross_session_tuned runtime_overrides={tuned}",
-    "full_context": "method=full_context runtime_profile=default",
+    "heuristic": "method=arbormem runtime/read_policy=cross_session",
+    # the conversation is extracted ahead in batches (LoCoMo builds memory once)
+    "untuned": "method=arbormem runtime/components=untuned_smollm2 runtime/read_policy=cross_session "
+               "runtime.extractors.states.llm.batch_size=16",
+    "tuned": "method=arbormem runtime/components=tuned_every_kind runtime/read_policy=cross_session {tuned}",
+    "bm25": "method=bm25",
+    "dense": "method=dense runtime/components=minilm",
+    "fact_store": "method=fact_store runtime/components=tuned_every_kind runtime/read_policy=cross_session {tuned}",
+    "full_context": "method=full_context",
 }
 ABLATIONS = ("state_localization", "routing", "atomic_facts", "structured_extraction", "structured_evidence")
 MEASURES = ("evidence_recall", "answer_token_recall")
@@ -112,12 +114,13 @@ def _list(items: list[str]) -> str:
 
 
 def tuned_overrides(c: dict, bundle: Path) -> str:
-    """The runtime overrides that plug the fold's bundles in (no spaces: one eval.compare --row token)."""
+    """The runtime overrides that plug the fold's bundles in, space-separated (eval.compare --row tokens)."""
     kinds = set(c["tuned_kinds"])
-    ov = [f"reranker.bundle.path={Path(c['reranker_bundle']).resolve()}", f"tagger.bundle.path={Path(c['tagger_bundle']).resolve()}"]
+    ov = [f"runtime.reranker.bundle.path={Path(c['reranker_bundle']).resolve()}",
+          f"runtime.tagger.bundle.path={Path(c['tagger_bundle']).resolve()}"]
     for k in ("summary", "entities", "facts", "states", "artifacts", "events"):
-        ov.append(f"extractors.{k}.path={bundle}" if k in kinds else f"extractors.{k}=heuristic")
-    return _list(ov)  # each override quoted: Hydra reads `=` inside a list element only within quotes
+        ov.append(f"runtime.extractors.{k}.path={bundle}" if k in kinds else f"runtime.extractors.{k}=heuristic")
+    return " ".join(ov)
 
 
 def plan(c: dict, folds: list[list[str]], out: Path) -> list:
@@ -169,13 +172,18 @@ def plan(c: dict, folds: list[list[str]], out: Path) -> list:
 
 
 def row_name(r: dict) -> str:
-    """The CV row a results.json belongs to, from its method, profile and ablation."""
+    """The CV row a results.json belongs to, from its method, runtime (components / read policy / domain)
+    and ablation."""
+    from arbor_train.runtime.config import label
+
     for name, spec in ROWS.items():
-        parts = dict(p.split("=", 1) for p in spec.split() if not p.startswith("runtime_overrides"))
-        if r["method"] == parts["method"] and r.get("runtime_profile") == parts["runtime_profile"]:
+        parts = [p.split("=", 1) for p in spec.split() if "=" in p]
+        method = dict(parts)["method"]
+        choices = {k.split("/", 1)[1]: v for k, v in parts if k.startswith("runtime/")}
+        if r["method"] == method and r.get("runtime") == label({"choices": choices}):
             abl = r.get("ablation", "full")  # the ablation config's name: full, or no_<component>
             return name if abl == "full" else f"tuned without {abl.removeprefix('no_')}"
-    return f"{r['method']} ({r.get('runtime_profile')})"
+    return f"{r['method']} ({r.get('runtime')})"
 
 
 def merge(out: Path, folds: list[list[str]], c: dict) -> dict:

@@ -91,12 +91,14 @@ def check_options(c: dict) -> None:
         raise StageConfigError(f"option eval.sets must be a list of eval.compare sets, got {e['sets']!r}")
     for k, name in enumerate(e["sets"]):
         parse_choice(name, f"eval.sets[{k}]", sorted(SETS))
-    for key in ("untuned_profile", "tuned_profile"):
-        parse_choice(e[key], f"eval.{key}", conf_options("runtime"))
     parse_choice(e["answer_model"], "eval.answer_model", conf_options("answer_model"))
-    for key in ("untuned_overrides", "tuned_overrides", "answer_overrides"):
+    for key in ("untuned_runtime", "tuned_runtime", "answer_overrides"):
         if not isinstance(e[key], list):
             raise StageConfigError(f"option eval.{key} must be a list of overrides, got {e[key]!r}")
+    from arbor_train.runtime.config import check_overrides
+
+    for key in ("untuned_runtime", "tuned_runtime"):
+        check_overrides(e[key], f"eval.{key}")
 
 
 @dataclass
@@ -189,34 +191,32 @@ def plan(c: dict) -> list[Stage]:
     common = [f"data_dir={formal}", f"budget={e['budget']}", f"wandb.project={c['wandb']['project']}"]
     bundles = out / "bundles"
     tuned_paths = [o for role, task in trained.items()
-                   for o in roles.get(role).runtime_overrides(bundles / role, task)]
+                   for o in roles.get(role).plug_overrides(bundles / role, task)]
     exports = [f"export_{role}" for role, task in trained.items()  # the bundles the tuned runtime loads
-               if roles.get(role).runtime_overrides(bundles / role, task)]
+               if roles.get(role).plug_overrides(bundles / role, task)]
     for s in e["sets"]:
         stages.append(Stage(f"eval_{s}", [*py, "-m", "eval.compare", s, *common, "--out", str(out / f"eval_{s}")],
                             ["data_formal"], what=f"`{s}` with heuristic components, whole formal set"))
     answer = [f"answer_model={e['answer_model']}", *e["answer_overrides"]]
-    rows = {  # name -> (runtime profile, runtime overrides, deps, answer-model options)
-        "heuristic": ("default", [], [], answer),
-        "untuned": (e["untuned_profile"], list(e["untuned_overrides"]), [], answer),
-        "tuned": (e["tuned_profile"], [*tuned_paths, *e["tuned_overrides"]], exports, answer),
+    rows = {  # name -> (runtime overrides, deps, answer-model options)
+        "heuristic": ([], [], answer),
+        "untuned": (list(e["untuned_runtime"]), [], answer),
+        "tuned": ([*e["tuned_runtime"], *tuned_paths], exports, answer),
     }
     for role in trained:  # a tuned reader answers over the heuristic memory: the row beside `heuristic`
         if roles.get(role).supervision == "reader":
-            rows["reader"] = ("default", [], [f"export_{role}"],
+            rows["reader"] = ([], [f"export_{role}"],
                               [*roles.get(role).answer_overrides(bundles / role), *e["answer_overrides"]])
     # whole set, no answers: routing and retrieval; the tuned routers with heuristic extractors (LLM-free)
     for row in ("heuristic", "tuned"):
-        prof, ov, deps, _ = rows[row]
-        ov = [*ov, "extractors.states=heuristic"] if row == "tuned" else ov
-        stages.append(Stage(f"eval_full_{row}", [*py, "-m", "eval.run", *common, f"runtime_profile={prof}",
-                                                 _list("runtime_overrides", ov),
+        ov, deps, _ = rows[row]
+        ov = [*ov, "runtime.extractors.states=heuristic"] if row == "tuned" else ov
+        stages.append(Stage(f"eval_full_{row}", [*py, "-m", "eval.run", *common, *ov,
                                                  f"run_dir={out / f'eval_full_{row}'}"], ["data_formal", *deps],
                             what=f"{row} runtime, whole formal set" + (" (tuned reranker + tagger)" if deps else "")))
     sub = [] if e["llm_sessions"] is None else [f"max_sessions={e['llm_sessions']}"]
-    for row, (prof, ov, deps, ans) in rows.items():
-        stages.append(Stage(f"eval_llm_{row}", [*py, "-m", "eval.run", *common, *sub, f"runtime_profile={prof}",
-                                                _list("runtime_overrides", ov), *ans,
+    for row, (ov, deps, ans) in rows.items():
+        stages.append(Stage(f"eval_llm_{row}", [*py, "-m", "eval.run", *common, *sub, *ov, *ans,
                                                 f"run_dir={out / f'eval_llm_{row}'}"],
                             ["data_formal", *deps], what=f"{row} runtime with answers, LLM subset"))
     evals = [s.name for s in stages if s.name.startswith("eval_")]

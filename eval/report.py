@@ -12,9 +12,9 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-COLUMNS = ("benchmark", "method", "runtime_profile", "ablation", "budget", "reader", "questions", "accuracy", "gold_in_context",
+COLUMNS = ("benchmark", "method", "runtime", "ablation", "budget", "reader", "questions", "accuracy", "gold_in_context",
            "confounder_in_context", "primary_gold_only", "state_localization_at_questions", "state_localization_every_turn",
-           "evidence_recall", "answer_token_recall", "f1", "messages", "link_precision", "link_recall", "link_f1",
+           "evidence_recall", "answer_token_recall", "f1", "messages", "routing_accuracy", "link_precision", "link_recall", "link_f1",
            "one_minus_vi", "one_to_one", "exact_f1", "context_tokens_mean", "ingest_s_per_turn", "read_s_p50", "read_s_p95", "questions_per_hour")
 
 
@@ -28,7 +28,7 @@ def collect(paths: list[str | Path]) -> list[dict]:
         for f in files:
             data = json.loads(f.read_text())
             r = data["results"]
-            r.setdefault("runtime_overrides", list((data.get("config") or {}).get("runtime_overrides") or []))
+            r.setdefault("runtime_settings", [])
             r["run"] = str(f.parent)
             rows.append(r)
     return rows
@@ -51,14 +51,15 @@ def table(rows: list[dict]) -> str:
 
 
 def label(r: dict) -> str:
-    """A row's method, with its runtime profile where that is not the default and the bundles its runtime
-    overrides name (two rows of one profile with different bundles stay apart), then its other overrides
-    by their last key: `arbormem (tuned; reranker=reranker_mixed, tagger=tagger; min_score=0.5)`."""
-    prof = r.get("runtime_profile", "default")
-    pairs = [o.split("=", 1) for o in r.get("runtime_overrides") or [] if "=" in o]
+    """A row's method, with its runtime (components / read policy / domain) where that is not the heuristic
+    one and the bundles its runtime settings name (two rows of one runtime with different bundles stay
+    apart), then its other settings by their last key: `arbormem (tuned; reranker=reranker_mixed,
+    tagger=tagger; min_score=0.5)`."""
+    prof = r.get("runtime", "heuristic")
+    pairs = [o.removeprefix("runtime.").split("=", 1) for o in r.get("runtime_settings") or [] if "=" in o]
     bundles = [f"{k.removesuffix('.path').removesuffix('.bundle')}={Path(v).name}" for k, v in pairs if k.endswith(".path")]
     options = [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in pairs if not k.endswith(".path")]
-    inner = "; ".join(x for x in (None if prof == "default" else prof, ", ".join(bundles), ", ".join(options)) if x)
+    inner = "; ".join(x for x in (None if prof == "heuristic" else prof, ", ".join(bundles), ", ".join(options)) if x)
     return f"{r['method']} ({inner})" if inner else r["method"]
 
 
@@ -247,7 +248,7 @@ def plots(rows: list[dict], out: Path) -> list[Path]:
     removed = [r for r in rows if r["method"] == "arbormem" and r.get("ablation", "full") != "full"]
     budget = max({r["budget"] for r in removed}, key=lambda b: sum(r["budget"] == b for r in removed)) if removed else None
     by_abl = {r.get("ablation"): r for r in rows if r["method"] == "arbormem" and r["budget"] == budget
-              and r.get("runtime_profile", "default") == (removed[0].get("runtime_profile", "default") if removed else None)}
+              and r.get("runtime", "heuristic") == (removed[0].get("runtime", "heuristic") if removed else None)}
     abl = sorted(by_abl.values(), key=lambda r: (r.get("ablation") != "full", r.get("ablation")))
     if len(abl) > 1 and metric is not None:
         fig, ax = plt.subplots(figsize=(7, 4))

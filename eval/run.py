@@ -16,7 +16,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from arbor_train.errors import ConfigError, conf_options, entry_point, parse_bool, parse_choice, parse_float, parse_int
+from arbor_train.errors import ConfigError, entry_point, parse_bool, parse_choice, parse_float, parse_int
 from arbor_train.paths import CONF_DIR
 
 from .protocols import BENCHMARKS, PROTOCOLS
@@ -59,10 +59,6 @@ def check_options(c: dict) -> None:
     _set(c, "prefilter", parse_float(c["prefilter"], "prefilter", minimum=0.0, exclusive=True))
     if c["max_sessions"] is not None:
         _set(c, "max_sessions", parse_int(c["max_sessions"], "max_sessions", minimum=1))
-    parse_choice(c["runtime_profile"], "runtime_profile", conf_options("runtime"))
-    ov = c["runtime_overrides"]
-    if not isinstance(ov, list) or not all(isinstance(o, str) for o in ov):
-        raise ConfigError(f"option runtime_overrides must be a list of override strings (key=value), got {ov!r}")
     for k, v in c["ablation"].items():
         if k != "name":
             _set(c["ablation"], k, parse_bool(v, f"ablation.{k}"))
@@ -153,7 +149,9 @@ def run(cfg: DictConfig) -> dict:
     from arbor_train.conversations.io import quiet
     from arbor_train.replay.methods import build_method
     from arbor_train.runtime import TokenCounter, build_components
+    from arbor_train.runtime.config import label as runtime_label
     from arbor_train.runtime.config import runtime_config
+    from arbor_train.runtime.config import settings as runtime_settings
 
     c = OmegaConf.to_container(cfg, resolve=True)
     check_options(c)
@@ -198,7 +196,7 @@ def run(cfg: DictConfig) -> dict:
     elapsed = time.perf_counter() - t0
     summary = protocol.summarize(qrecs, trecs)
     res = {"benchmark": c["benchmark"], "method": c["method"], "ablation": c["ablation"]["name"], "budget": c["budget"],
-           "runtime_profile": c["runtime_profile"], "answer_model": c["answer_model"]["kind"],
+           "runtime": runtime_label(runtime_cfg), "runtime_settings": runtime_settings(runtime_cfg), "answer_model": c["answer_model"]["kind"],
            "reader": answer_model_name(c["answer_model"]),
            "sessions": len(units), "seconds": round(elapsed, 2), "answer_calls": answer_stats,
            "questions_per_hour": round(len(qrecs) / max(elapsed, 1e-9) * 3600, 1), **summary}

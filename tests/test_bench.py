@@ -79,7 +79,7 @@ def test_runtime_bench_measures_forget_on_copies_of_the_forest(monkeypatch):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="bench", overrides=[
             "target=runtime", "bench.sizes=[120]", "bench.window=10", "bench.queries=5", "bench.forget_counts=[1,7]",
-            "bench.forget_repeats=2", "~bench.profiles.minilm_cross_encoder"])
+            "bench.forget_repeats=2", "~bench.runtimes.minilm_cross_encoder"])
     res = run(cfg)["heuristic"]["nodes_120"]
     assert res["nodes"] == 120
     assert forgot == [(1, 1), (1, 1), (7, 7), (7, 7)]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from arbor_train.conversations.supervision import SCHEMAS, SchemaError, check_dataset, validate_rows
+from arbor_train.conversations.supervision import SchemaError, check_dataset, validate_rows
 from arbor_train.paths import CONF_DIR
 from data_gen.branchmem import lexicon
 from data_gen.branchmem.__main__ import run
@@ -142,7 +142,6 @@ def test_existing_out_dir_is_never_replaced_silently(formal):
     (["seed=abc"], "option seed must be an integer"),
     (["overwrite=maybe"], "option overwrite must be true or false, got 'maybe'"),
     (["mine=yes please"], "option mine must be true or false"),
-    (["runtime_profile=nope"], "option runtime_profile must be one of cross_session, cross_session_tuned, cross_session_untuned, default"),
     (["verbalizer.enabled=maybe"], "option verbalizer.enabled must be true or false"),
     (["command=benchmark", "bench.sessions=0"], r"option bench\.sessions must be at least 1"),
     (["preset.total_turns=10"], r"option preset\.total_turns=10 cannot be split into preset\.sessions=33 sessions"),

@@ -240,3 +240,21 @@ def test_numeric_and_boolean_options_are_refused_in_check_combination(tmp_path, 
     with pytest.raises(ConfigError, match=msg):
         train(tiny(tmp_path, smoke_data, override))
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("module", ["eval.run", "data_gen.branchmem", "arbor_train.runtime.cli"])
+def test_a_runtime_choice_that_is_not_shipped_is_refused_naming_the_axis_and_its_options(module, tmp_path):
+    """Hydra refuses the choice while composing (exit 1, its own message, no traceback) and names the options."""
+    import os
+    import subprocess
+    import sys
+
+    from arbor_train.paths import REPO_ROOT
+
+    env = dict(os.environ, ARBOR_OUTPUT_ROOT=str(tmp_path / "outputs"), WANDB_MODE="offline")
+    p = subprocess.run([sys.executable, "-m", module, "runtime/components=nope", f"out_dir={tmp_path / 'o'}"],
+                       cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "Traceback" not in p.stderr + p.stdout
+    assert "Could not find 'runtime/components/nope'" in p.stderr
+    assert "Available options in 'runtime/components'" in p.stderr and "tuned_every_kind" in p.stderr
+    assert not (tmp_path / "o").exists()

@@ -131,7 +131,6 @@ def test_ablation_removes_the_forest(smoke_data, tmp_path):
     (["max_sessions=0"], "option max_sessions must be at least 1"),
     (["wandb.enabled=maybe"], "option wandb.enabled must be true or false"),
     (["+ablation.routing=perhaps"], "option ablation.routing must be true or false"),
-    (["runtime_profile=nope"], "option runtime_profile must be one of cross_session, cross_session_tuned, cross_session_untuned, default, "),
     (["answer_model.kind=gpt"], "option answer_model.kind must be one of none, llm"),
     (["answer_model=smollm2", "answer_model.llm.backend=vllm"], "option answer_model.llm.backend must be one of hf, openai"),
     (["judge.kind=human"], "option judge.kind must be one of none, llm"),
@@ -381,7 +380,7 @@ def test_plots_take_the_metric_a_benchmark_reports(tmp_path):
     """A LoCoMo run (evidence recall, no gold_in_context) ended in KeyError when W&B logging drew its plots."""
     from eval.report import plots
 
-    rows = [{"benchmark": "locomo", "method": m, "ablation": "full", "budget": b, "runtime_profile": "default",
+    rows = [{"benchmark": "locomo", "method": m, "ablation": "full", "budget": b, "runtime": "heuristic",
              "evidence_recall": r} for m, b, r in [("bm25", 1024, 0.7), ("bm25", 2048, 0.76), ("arbormem", 1024, 0.3),
                                                      ("arbormem", 2048, 0.37)]]
     written = plots(rows, tmp_path)
@@ -418,15 +417,15 @@ def test_every_benchmark_is_registered_once_with_its_whole_protocol():
 def test_the_report_adds_a_per_category_table_for_locomo_runs():
     from eval.report import category_table, table
 
-    rows = [{"benchmark": "locomo", "method": "bm25", "runtime_profile": "default", "budget": 1024,
+    rows = [{"benchmark": "locomo", "method": "bm25", "runtime": "heuristic", "budget": 1024,
              "evidence_recall": 0.7, "answer_token_recall": 0.8, "evidence_recall_by_category": {"1": 0.5, "4": 0.9},
              "answer_token_recall_by_category": {"1": 0.6, "4": 0.95}, "run": "a"},
-            {"benchmark": "locomo", "method": "arbormem", "runtime_profile": "cross_session", "budget": 1024,
+            {"benchmark": "locomo", "method": "arbormem", "runtime": "heuristic/cross_session", "budget": 1024,
              "evidence_recall": 0.75, "answer_token_recall": 0.82, "evidence_recall_by_category": {"1": 0.55},
              "answer_token_recall_by_category": {"1": 0.61}, "run": "b"}]
     lines = category_table(rows).splitlines()
     assert lines[0] == "| method | budget | cat 1 evidence / tokens | cat 4 evidence / tokens | all |"
-    assert lines[2] == "| arbormem (cross_session) | 1024 | 0.55 / 0.61 | — / — | 0.75 / 0.82 |"
+    assert lines[2] == "| arbormem (heuristic/cross_session) | 1024 | 0.55 / 0.61 | — / — | 0.75 / 0.82 |"
     assert lines[3] == "| bm25 | 1024 | 0.5 / 0.6 | 0.9 / 0.95 | 0.7 / 0.8 |"
     assert "answer_token_recall" in table(rows).splitlines()[0]
     assert category_table([{"method": "bm25", "budget": 1, "gold_in_context": 0.5}]) == ""
@@ -435,7 +434,7 @@ def test_the_report_adds_a_per_category_table_for_locomo_runs():
 def test_the_report_adds_an_accuracy_table_per_reader():
     from eval.report import accuracy_table, table
 
-    base = {"benchmark": "branchmem", "method": "arbormem", "runtime_profile": "default", "budget": 1024, "run": "a"}
+    base = {"benchmark": "branchmem", "method": "arbormem", "runtime": "heuristic", "budget": 1024, "run": "a"}
     rows = [dict(base, ablation="full", reader="bundle outputs/bundles/reader", accuracy=0.5,
                  accuracy_by_dimension={"interleaving": 0.4, "parallel_confusion": 0.6},
                  accuracy_by_type={"update_current": 1.0},
@@ -512,7 +511,7 @@ def test_branchmem_summary_and_report_split_by_specificity(tmp_path):
                            dict(rec("partial", True, True, True), primary_gold_only=False)])
     assert prim["partial"]["primary_gold_only"] == round(1 / 3, 4)
 
-    rows = [{"benchmark": "branchmem", "method": m, "runtime_profile": "default", "ablation": "full", "budget": b,
+    rows = [{"benchmark": "branchmem", "method": m, "runtime": "heuristic", "ablation": "full", "budget": b,
              "gold_in_context": 0.5, "by_specificity": {"explicit": dict(got["explicit"], gold_without_confounder=e),
                                                         "referential": dict(got["referential"], gold_without_confounder=r)}}
             for m, b, e, r in [("bm25", 512, 0.5, 0.25), ("bm25", 1024, 0.75, 0.5), ("arbormem", 512, 0.5, 0.5),
@@ -530,17 +529,21 @@ def test_branchmem_summary_and_report_split_by_specificity(tmp_path):
 def test_report_labels_keep_rows_of_one_profile_with_different_bundles_or_options_apart():
     from eval.report import label
 
-    base = {"method": "arbormem", "runtime_profile": "tuned"}
-    assert label(dict(base, runtime_overrides=["reranker.bundle.path=outputs/bundles/reranker_mixed",
-                                               "tagger.bundle.path=outputs/bundles/tagger", "extractors.summary=heuristic"])) \
+    base = {"method": "arbormem", "runtime": "tuned"}
+    assert label(dict(base, runtime_settings=["runtime.reranker.bundle.path=outputs/bundles/reranker_mixed",
+                                              "runtime.tagger.bundle.path=outputs/bundles/tagger",
+                                              "runtime.extractors.summary=heuristic"])) \
         == "arbormem (tuned; reranker=reranker_mixed, tagger=tagger; summary=heuristic)"
     # rows that differ only in an option (links on and off) stay apart too
-    assert label({"method": "arbormem", "runtime_profile": "default",
-                  "runtime_overrides": ["localization.secondary.min_score=0.2"]}) == "arbormem (min_score=0.2)"
-    assert label(dict(base, runtime_overrides=["reranker.bundle.path=outputs/bundles/reranker"])) == "arbormem (tuned; reranker=reranker)"
-    assert label({"method": "bm25", "runtime_profile": "default", "runtime_overrides": []}) == "bm25"
-    assert label({"method": "arbormem", "runtime_profile": "default",
-                  "runtime_overrides": ["extractors.facts.path=outputs/x/bundle"]}) == "arbormem (extractors.facts=bundle)"
+    assert label({"method": "arbormem", "runtime": "heuristic",
+                  "runtime_settings": ["runtime.localization.secondary.min_score=0.2"]}) == "arbormem (min_score=0.2)"
+    assert label(dict(base, runtime_settings=["runtime.reranker.bundle.path=outputs/bundles/reranker"])) \
+        == "arbormem (tuned; reranker=reranker)"
+    assert label({"method": "bm25", "runtime": "heuristic", "runtime_settings": []}) == "bm25"
+    assert label({"method": "arbormem", "runtime": "heuristic",
+                  "runtime_settings": ["runtime.extractors.facts.path=outputs/x/bundle"]}) == "arbormem (extractors.facts=bundle)"
+    assert label({"method": "arbormem", "runtime": "tuned_every_kind/cross_session"}) \
+        == "arbormem (tuned_every_kind/cross_session)"
 
 
 def test_the_report_shows_irc_link_columns_and_draws_their_bars(tmp_path):
@@ -551,9 +554,9 @@ def test_the_report_shows_irc_link_columns_and_draws_their_bars(tmp_path):
     base = {"benchmark": "irc", "ablation": "full", "budget": 2048, "messages": 2500, "run": "r"}
     rows = [dict(base, method="previous_message", link_precision=30.84, link_recall=29.57, link_f1=30.19,
                  one_minus_vi=52.11, one_to_one=23.92, exact_f1=0.0),
-            dict(base, method="arbormem", runtime_profile="group_chat_pairs", link_precision=71.88,
+            dict(base, method="arbormem", runtime="tuned/group_chat_wide", link_precision=71.88,
                  link_recall=68.93, link_f1=70.37, one_minus_vi=88.86, one_to_one=79.48, exact_f1=34.45,
-                 runtime_overrides=["reranker.bundle.path=outputs/bundles/reranker_irc_replay"])]
+                 runtime_settings=["runtime.reranker.bundle.path=outputs/bundles/reranker_irc_replay"])]
     head, _, *lines = table(rows).splitlines()
     cols = [c.strip() for c in head.strip("|").split("|")]
     assert {"link_precision", "link_recall", "link_f1", "one_minus_vi", "one_to_one", "exact_f1"} <= set(cols)

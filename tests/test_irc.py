@@ -153,7 +153,7 @@ def test_converter_refuses_a_forward_link_before_writing(tmp_path):
 def test_group_chat_recall_offers_the_addressed_speakers_latest_message_and_a_recency_window(tmp_path):
     from arbor_train.runtime import ArborMemory, default_config
 
-    cfg = default_config("group_chat")
+    cfg = default_config("runtime/domain=group_chat")
     mem = ArborMemory.open(tmp_path / "m.sqlite", "chan", cfg)
     said = {}
     for i, (who, text) in enumerate([("alice", "how do I mount a usb disk"), ("bob", "anyone on 9.04 with sound issues"),
@@ -177,7 +177,7 @@ def test_group_chat_candidates_tell_the_reranker_who_wrote_them_and_how_long_ago
     from arbor_train.runtime import ArborMemory, default_config
     from data_gen.branchmem.mine import candidate_row
 
-    mem = ArborMemory.open(tmp_path / "m.sqlite", "chan", default_config("group_chat"))
+    mem = ArborMemory.open(tmp_path / "m.sqlite", "chan", default_config("runtime/domain=group_chat"))
     for who, text, ts in [("alice", "how do I mount a usb disk", "23:58"), ("bob", "sound is broken", "23:59"),
                           ("carol", "grub wants a password", "00:03")]:
         mem.step(f"{who}: {text}", "", ts, speaker=who)
@@ -272,7 +272,7 @@ def test_group_chat_candidates_carry_the_reply_structure_around_the_input_speake
     from arbor_train.runtime import ArborMemory, Localization, default_config
     from arbor_train.runtime.rerank import QUERY_FEATURES, pair_features
 
-    mem = ArborMemory.open(tmp_path / "m.sqlite", "chan", default_config("group_chat"))
+    mem = ArborMemory.open(tmp_path / "m.sqlite", "chan", default_config("runtime/domain=group_chat"))
     ids = {}
     for key, who, text, parent in [("a1", "alice", "how do I mount a usb disk", None),
                                    ("b1", "bob", "alice: use the mount command", "a1"),

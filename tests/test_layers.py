@@ -22,7 +22,8 @@ from arbor_train.paths import REPO_ROOT
 PACKAGES = ("arbor_train", "data_gen", "eval")
 ORCHESTRATION = {"eval.pipeline", "eval.pipeline_report", "eval.locomo_cv"}
 # the only modules of the library outside itself that the runtime may import
-RUNTIME_REACHES = {"arbor_train.errors", "arbor_train.paths", "arbor_train.prompts", "arbor_train.modelref"}
+RUNTIME_REACHES = {"arbor_train.errors", "arbor_train.paths", "arbor_train.prompts", "arbor_train.modelref",
+                   "arbor_train.conversations.files"}
 
 
 def module_name(path: Path, root: Path) -> str:

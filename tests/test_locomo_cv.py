@@ -52,7 +52,7 @@ def test_each_fold_trains_without_its_conversations_and_is_scored_only_on_them(t
         held_out_by_eval += json.loads(units.split("=", 1)[1])
         assert f"export_f{k}" in stages[f"eval_f{k}"].deps
         bundle = str(tmp_path / "cv" / f"fold{k}" / "bundle")
-        tuned = next(a for a in ev if "cross_session_tuned" in a)
+        tuned = next(a for a in ev if "runtime/components=tuned_every_kind" in a)
         # the fold's own bundle extracts facts; every other kind stays heuristic (tuned_kinds)
         assert f"extractors.facts.path={bundle}" in tuned and "extractors.summary=heuristic" in tuned
         assert all(f"fold{j}" not in tuned for j in range(4) if j != k)
@@ -88,7 +88,7 @@ def test_bad_options_name_the_option(tmp_path):
 
 def _result(path: Path, method, profile, budget, er, atr, cats, ablation="full"):
     path.mkdir(parents=True)
-    res = {"method": method, "runtime_profile": profile, "budget": budget, "ablation": ablation,
+    res = {"method": method, "runtime": profile, "budget": budget, "ablation": ablation,
            "evidence_recall": er, "answer_token_recall": atr, "evidence_recall_by_category": cats,
            "answer_token_recall_by_category": cats, "ingest_s_per_turn": 0.5, "read_s_p95": 0.01}
     (path / "results.json").write_text(json.dumps({"results": res}))
@@ -99,10 +99,10 @@ def test_merge_averages_the_folds_and_keeps_each(tmp_path):
 
     out = tmp_path / "cv"
     c = {"fact_extractors": ["tuned"], "facts_untuned_interactions": 40}
-    _result(out / "eval_f0" / "runs" / "00", "bm25", "default", 1024, 0.5, 0.6, {"1": 0.4, "2": 0.6})
-    _result(out / "eval_f1" / "runs" / "00", "bm25", "default", 1024, 0.7, 0.8, {"1": 0.6, "2": 0.8})
-    _result(out / "eval_f0" / "runs" / "01", "arbormem", "cross_session_tuned", 1024, 0.6, 0.7, {"1": 0.5})
-    _result(out / "ablations_f0" / "runs" / "00", "arbormem", "cross_session_tuned", 1024, 0.1, 0.2, {},
+    _result(out / "eval_f0" / "runs" / "00", "bm25", "heuristic", 1024, 0.5, 0.6, {"1": 0.4, "2": 0.6})
+    _result(out / "eval_f1" / "runs" / "00", "bm25", "heuristic", 1024, 0.7, 0.8, {"1": 0.6, "2": 0.8})
+    _result(out / "eval_f0" / "runs" / "01", "arbormem", "tuned_every_kind/cross_session", 1024, 0.6, 0.7, {"1": 0.5})
+    _result(out / "ablations_f0" / "runs" / "00", "arbormem", "tuned_every_kind/cross_session", 1024, 0.1, 0.2, {},
             ablation="routing")
     for k, f1 in ((0, 0.2), (1, 0.4)):
         (out / f"facts_tuned_f{k}").mkdir(parents=True)
@@ -123,20 +123,21 @@ def test_merge_averages_the_folds_and_keeps_each(tmp_path):
     assert (out / "locomo_cv_budget_curve.png").exists() is False  # one budget: no curve to draw
 
 
-def test_cross_session_profiles_share_one_read_policy():
+def test_the_cross_session_read_policy_is_one_choice_with_any_components():
     from arbor_train.runtime import default_config
 
-    base = default_config("cross_session")
+    base = default_config("runtime/read_policy=cross_session")
     # facts first under a share of the read budget, then the BM25 turns, the routed history after them
     names = [e["layer"] for e in base["context"]["layers"]]
     assert base["context"]["layers"][2] == {"layer": "atomic_facts", "share": 0.35}
     assert names.index("atomic_facts") < names.index("supplemental") < names.index("primary_path")
-    for p in ("cross_session_tuned", "cross_session_untuned"):
-        assert default_config(p)["context"] == base["context"]
-    tuned = default_config("cross_session_tuned")
+    for components in ("tuned_every_kind", "untuned_smollm2", "minilm"):
+        other = default_config(f"runtime/components={components}", "runtime/read_policy=cross_session")
+        assert other["context"] == base["context"]
+    tuned = default_config("runtime/components=tuned_every_kind", "runtime/read_policy=cross_session")
     assert tuned["reranker"]["kind"] == "bundle" and tuned["embedder"]["kind"] == "sentence"
     assert {v["kind"] for v in tuned["extractors"].values()} == {"bundle"}
-    assert default_config("default")["context"]["layers"] != base["context"]["layers"]
+    assert default_config()["context"]["layers"] != base["context"]["layers"]
 
 
 def test_mixed_extraction_rows_supervise_only_their_kinds_and_sessions(tmp_path, smoke_data):

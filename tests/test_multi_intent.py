@@ -453,7 +453,7 @@ def test_one_run_sweeps_the_links_threshold():
 def test_report_tables_the_multi_intent_rows():
     from eval.report import multi_intent_table
 
-    row = {"method": "arbormem", "runtime_profile": "default", "runtime_overrides": ["localization.secondary.min_score=0.2"],
+    row = {"method": "arbormem", "runtime": "heuristic", "runtime_settings": ["runtime.localization.secondary.min_score=0.2"],
            "budget": 256, "routing_ece": 0.207,
            "multi_intent": {"turns": 13, "primary": 0.7692, "secondary": 0.2308, "joined": 0.4615,
                             "single_intent_linked": 0.1099, "questions": 13, "gold_in_context": 0.3077,

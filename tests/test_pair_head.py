@@ -84,8 +84,8 @@ def test_tiny_run_exports_a_head_the_runtime_adds_to_every_candidate(tmp_path, s
     assert m["pair_head"]["features"] == PAIR_FEATURES
     assert any(w != 0.0 for w in m["pair_head"]["w2"]), "the head's output layer starts at zero and must train"
     assert m["new_root_threshold"] == pytest.approx(1 / (1 + math.exp(-m["pair_head"]["root_bias"])), abs=1e-6)
-    cfg = default_config("group_chat_pairs", [f"reranker.bundle.path={bundle}", "reranker.bundle.quantize=null",
-                                              "embedder.kind=hashing"])
+    cfg = default_config("runtime/components=tuned", "runtime/domain=group_chat_wide", f"runtime.reranker.bundle.path={bundle}",
+                       "runtime.reranker.bundle.quantize=null", "runtime.embedder.kind=hashing")
     mem = ArborMemory.open(tmp_path / "m.sqlite", "c", cfg)
     for who, text in [("alice", "my wifi drops every hour"), ("bob", "alice: which driver?"), ("carol", "anyone on 22.04?")]:
         mem.step(f"{who}: {text}", "", speaker=who)

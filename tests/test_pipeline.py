@@ -19,7 +19,7 @@ TINY = [
     'train.reader.overrides=["model=tiny_decoder","trainer.max_steps=2","task.gen_examples=2","task.max_length=1000",'
     '"task.pack_length=1000","task.max_new_tokens=4","logger=csv"]',
     "reader_data.budgets=[256]", "data.train.seed=3",  # smoke formal and train sets of one seed are the same sessions
-    "eval.sets=[methods]", "eval.llm_sessions=1", "eval.untuned_profile=default", "eval.answer_model=none",
+    "eval.sets=[methods]", "eval.llm_sessions=1", "eval.untuned_runtime=[]", "eval.answer_model=none",
     "eval.answer_overrides=[]",
 ]
 
@@ -45,7 +45,7 @@ def test_plan_names_every_stage_with_absolute_paths(tmp_path):
     assert f"data_dir={tmp_path / 'p' / 'data_train'}" in rd.command() and str(tmp_path / "p" / "data_formal") in rd.command()
     reader = next(s for s in stages if s.name == "eval_llm_reader")
     assert f"answer_model.llm.path={tmp_path / 'p' / 'bundles' / 'reader'}" in reader.command()
-    assert "export_reader" not in tuned.deps and "runtime_profile=default" in reader.command()
+    assert "export_reader" not in tuned.deps and "runtime/components" not in reader.command()
 
 
 @pytest.mark.slow  # the whole loop on tiny models: 5-6 minutes on 2 cores

@@ -214,9 +214,9 @@ def test_ingest_invalid_jsonl_line(tmp_path):
 
 def test_ingest_jsonl_missing_field_names_line(tmp_path):
     conv = tmp_path / "bad.jsonl"
-    conv.write_text("\n".join([json.dumps(CONVERSATION["turns"][0]), "", json.dumps({"user": "hi"})]),
+    conv.write_text("\n".join([json.dumps(CONVERSATION["turns"][0]), "", json.dumps({"assistant": "hi"})]),
                     encoding="utf-8")
-    _bad_ingest(tmp_path, conv, r"bad\.jsonl: turn 2 \(line 3\) is missing field 'assistant'")
+    _bad_ingest(tmp_path, conv, r"bad\.jsonl: turn 2 \(line 3\) is missing field 'user'")
 
 
 def test_ingest_invalid_json_and_missing_file(tmp_path):

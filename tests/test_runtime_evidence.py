@@ -275,7 +275,7 @@ def test_a_layer_share_caps_it_at_that_fraction_of_each_read_budget(runtime_cfg,
 def test_cross_session_policy_reads_every_matching_turn_before_the_routed_history(tmp_path, turns):
     from arbor_train.runtime import default_config
 
-    cfg = default_config("cross_session")
+    cfg = default_config("runtime/read_policy=cross_session")
     mem = build(cfg, tmp_path, turns)
     _, ctx = mem.read("Is Hotel Infante near Belem Tower?", budget=1024)
     names = [b.name for b in ctx.blocks]
@@ -290,7 +290,7 @@ def test_cross_session_policy_reads_every_matching_turn_before_the_routed_histor
 def test_hybrid_supplemental_rank_adds_what_the_vector_index_finds(tmp_path, turns, monkeypatch):
     from arbor_train.runtime import default_config
 
-    cfg = default_config("cross_session", ["context.supplemental_rank=hybrid"])
+    cfg = default_config("runtime/read_policy=cross_session", "runtime.context.supplemental_rank=hybrid")
     mem = build(cfg, tmp_path, turns)
     q = "Is Hotel Infante near Belem Tower?"
     kw = {nid for nid, _ in mem.store.keyword_search("c", q, 96)}

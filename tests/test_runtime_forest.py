@@ -1,7 +1,6 @@
 """Forest invariants (property-based), persistence, reopen after a kill mid-commit, index catch-up."""
 
 import json
-import os
 import signal
 import subprocess
 import sys

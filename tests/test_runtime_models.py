@@ -261,7 +261,7 @@ def test_minilm_profile_scores_candidates_with_its_untuned_cross_encoder(tmp_pat
     root: it is the untuned baseline the tuned bundle is compared with, not a router that separates agendas."""
     from arbor_train.runtime import default_config
 
-    cfg = default_config("minilm")
+    cfg = default_config("runtime/components=minilm")
     mem = ArborMemory.open(tmp_path / "m.sqlite", "c", cfg)
     for u, a in turns:
         mem.step(u, a)
@@ -290,7 +290,7 @@ def test_minilm_profile_scores_candidates_with_its_untuned_cross_encoder(tmp_pat
 def test_prompted_smollm2_reranker_real_model(tmp_path, turns):
     from arbor_train.runtime import default_config
 
-    mem = ArborMemory.open(tmp_path / "m.sqlite", "c", default_config("prompted_smollm2"))
+    mem = ArborMemory.open(tmp_path / "m.sqlite", "c", default_config("runtime/components=prompted_smollm2"))
     for u, a in turns[:4]:
         mem.step(u, a)
     loc, _ = mem.read("What is Bob's venue?")

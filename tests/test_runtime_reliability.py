@@ -20,10 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_runtime_cli import CONVERSATION, make_cfg, write_json
 
+from arbor_train.conversations.files import load_conversation
 from arbor_train.errors import UserError
 from arbor_train.paths import REPO_ROOT
 from arbor_train.runtime import ArborMemory
-from arbor_train.runtime.cli import load_conversation, run
+from arbor_train.runtime.cli import run
 from arbor_train.runtime.index import index_path
 from arbor_train.runtime.memory import turn_keys
 from arbor_train.runtime.store import SCHEMA_VERSION, MemoryBusy, Store, conv_token
@@ -596,6 +597,6 @@ def test_a_tuned_cross_encoder_bundle_ingests_a_real_conversation(tmp_path):
 def test_the_minilm_profile_ingests_a_real_conversation(tmp_path):
     turns = _locomo_turns(80)
     conv = write_json(tmp_path / "locomo.json", {"turns": turns})
-    res = ingest(conv, tmp_path / "m.sqlite", "runtime=minilm")
+    res = ingest(conv, tmp_path / "m.sqlite", "runtime/components=minilm")
     assert res["counts"]["nodes"] == len(turns)
     assert any(r["route"] == "rerank" for r in res["routes"])

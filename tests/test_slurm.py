@@ -3,7 +3,6 @@
 
 import filecmp
 import json
-import os
 import re
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from arbor_train.paths import CONF_DIR, REPO_ROOT
+from arbor_train.paths import REPO_ROOT
 
 pytestmark = pytest.mark.slurm
 

@@ -160,7 +160,6 @@ def test_export_plugs_into_the_runtime_and_merged_equals_base_plus_adapter(tmp_p
 
     from arbor_train.export import export, load_base
     from arbor_train.runtime import ArborMemory, default_config, load_bundle
-    from arbor_train.runtime.schema import Candidate
 
     res = train(tcfg(tmp_path / "run", smoke_data))
     bundle = export(res["run_dir"], tmp_path / "bundle", log_artifact=False)
@@ -177,8 +176,8 @@ def test_export_plugs_into_the_runtime_and_merged_equals_base_plus_adapter(tmp_p
     enc = tok(["What is Ann's budget?"] * 2, ["Topic: Ann trip", "Topic: Bo agenda"], return_tensors="pt", padding=True)
     with torch.no_grad():
         assert torch.allclose(merged(**enc).logits, base_plus(**enc).logits, atol=1e-5)
-    cfg = default_config("tuned", [f"reranker.bundle.path={bundle}", "reranker.bundle.quantize=null",
-                                   "embedder.kind=hashing"])
+    cfg = default_config("runtime/components=tuned", f"runtime.reranker.bundle.path={bundle}",
+                       "runtime.reranker.bundle.quantize=null", "runtime.embedder.kind=hashing")
     mem = ArborMemory.open(tmp_path / "m.sqlite", "c", cfg)
     assert mem.reranker.name.startswith("bundle:")
     assert mem.new_root_threshold == pytest.approx(b.manifest["new_root_threshold"])

@@ -277,6 +277,7 @@ class Role:
         """The untrained base model, rebuilt exactly as training built it (same seed: same head init)."""
         raise NotImplementedError
 
-    def runtime_overrides(self, bundle: Path | str, task: dict) -> list[str]:
-        """Runtime config overrides that plug this role's bundle into ArborMemory (`task`: the training task node)."""
+    def plug_overrides(self, bundle: Path | str, task: dict) -> list[str]:
+        """The runtime overrides (runtime.<key>=<value>) that plug this role's bundle into ArborMemory
+        (`task`: the training task node)."""
         raise NotImplementedError

@@ -283,8 +283,8 @@ class Extractor(Role):
     def load_base(self, train_cfg: dict, role_json: dict):
         return build_decoder(train_cfg["model"], seed=train_cfg["seed"])[0]
 
-    def runtime_overrides(self, bundle: Path | str, task: dict) -> list[str]:
-        return [f"extractors.{k}.path={bundle}" for k in task["kinds"]]
+    def plug_overrides(self, bundle: Path | str, task: dict) -> list[str]:
+        return [f"runtime.extractors.{k}.path={bundle}" for k in task["kinds"]]
 
 
 ROLE = Extractor()

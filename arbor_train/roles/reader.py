@@ -135,7 +135,7 @@ class Reader(Role):
 
         return build_decoder(train_cfg["model"], seed=train_cfg["seed"])[0]
 
-    def runtime_overrides(self, bundle: Path | str, task: dict) -> list[str]:
+    def plug_overrides(self, bundle: Path | str, task: dict) -> list[str]:
         return []  # the reader plugs into the harness as its answer model (answer_model=bundle), not the runtime
 
     def answer_overrides(self, bundle: Path | str) -> list[str]:

@@ -418,8 +418,8 @@ class Reranker(Role):
             return build_encoder(m, num_labels=1, seed=train_cfg["seed"])[0]
         return build_decoder(m, seed=train_cfg["seed"])[0]
 
-    def runtime_overrides(self, bundle: Path | str, task: dict) -> list[str]:
-        return [f"reranker.bundle.path={bundle}"]
+    def plug_overrides(self, bundle: Path | str, task: dict) -> list[str]:
+        return [f"runtime.reranker.bundle.path={bundle}"]
 
 
 ROLE = Reranker()

@@ -95,8 +95,8 @@ class Tagger(Role):
         return build_encoder(train_cfg["model"], num_labels=len(role_json["labels"]), multilabel=True,
                              seed=train_cfg["seed"])[0]
 
-    def runtime_overrides(self, bundle: Path | str, task: dict) -> list[str]:
-        return [f"tagger.bundle.path={bundle}"]
+    def plug_overrides(self, bundle: Path | str, task: dict) -> list[str]:
+        return [f"runtime.tagger.bundle.path={bundle}"]
 
 
 ROLE = Tagger()

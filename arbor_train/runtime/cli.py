@@ -7,9 +7,9 @@
     python -m arbor_train.runtime.cli command=render out=forest.png highlight_question='...' memory=...
     python -m arbor_train.runtime.cli command=forget entity=Caroline dry_run=true memory=outputs/mem.sqlite
 
-Conversation files (ingest): JSON {"conversation_id"?: str, "turns": [{"user", "assistant", "timestamp"?}, ...]}
-or JSONL with one turn object per line. The whole file is validated before anything is written
-(`load_conversation`). Ingest is idempotent and resumable: each stored turn records its identity (a
+Conversation files (ingest): the format of arbor_train/conversations/files.py (JSONL, one turn per line,
+or JSON {"conversation_id"?: str, "turns": [{"user", "assistant"?, "timestamp"?, "speaker"?}, ...]}). The
+whole file is validated before anything is written (`load_conversation`). Ingest is idempotent and resumable: each stored turn records its identity (a
 hash chained over the file's turns so far), so rerunning a file, or the file grown by new turns, or
 the same file after a killed ingest, stores each turn once and says how many it skipped. One writer
 per memory file (a lock; a second one waits `runtime.store.lock_timeout_s`, then is refused).
@@ -28,7 +28,8 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from ..errors import ConfigError, InputError, entry_point, parse_bool, parse_int, unencodable
+from ..conversations.files import DEFAULT_LIMITS, check_conversation_id, check_text, load_conversation
+from ..errors import ConfigError, entry_point, parse_bool, parse_int
 from ..paths import CONF_DIR
 
 COMMANDS = ("ingest", "ask", "show", "export", "render", "forget")
@@ -70,138 +71,6 @@ def _memory_path(cfg: DictConfig, must_exist: bool) -> Path:
     if must_exist and not p.exists():
         raise ConfigError(f"memory={str(p)!r} does not exist; build one first with command=ingest")
     return p
-
-
-# ---------------------------------------------------------------------- conversation files
-DEFAULT_LIMITS = {"max_field_chars": 200_000, "max_turns": 1_000_000, "max_id_chars": 256}
-
-
-def json_type(value: Any) -> str:
-    """The JSON name of a parsed value's type (what a user sees in their file)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    return {str: "string", list: "list", dict: "object"}.get(type(value), type(value).__name__)
-
-
-def check_text(value: Any, where: str, field: str, limit: int, empty_ok: bool = True) -> str:
-    """A text field the store can hold: a str, encodable as UTF-8 (no lone surrogates), no NUL, within limit."""
-    if not isinstance(value, str):
-        raise InputError(f"{where}: field {field!r} must be a string, got {json_type(value)}")
-    if (e := unencodable(value)) is not None:
-        raise InputError(f"{where}: field {field!r} holds {value[e.start]!r} at character {e.start}, which is not "
-                         "encodable text (a lone UTF-16 surrogate, e.g. a JSON \\ud800 escape without its pair)")
-    if "\x00" in value:
-        raise InputError(f"{where}: field {field!r} holds a NUL character at character {value.index(chr(0))}")
-    if len(value) > limit:
-        raise InputError(f"{where}: field {field!r} has {len(value):,} characters, over the limit of {limit:,} "
-                         "(runtime.limits)")
-    if not empty_ok and not value.strip():
-        raise InputError(f"{where}: field {field!r} is empty")
-    return value
-
-
-def check_conversation_id(value: Any, where: str, limits: dict | None = None) -> str:
-    lim = {**DEFAULT_LIMITS, **(limits or {})}
-    return check_text(value, where, "conversation_id", lim["max_id_chars"], empty_ok=False)
-
-
-def _check_turn(turn: Any, where: str, lim: dict) -> dict:
-    if not isinstance(turn, dict):
-        raise InputError(f"{where}: a turn must be an object with 'user' and 'assistant', got {json_type(turn)}")
-    for key in ("user", "assistant"):
-        if key not in turn:
-            raise InputError(f"{where} is missing field {key!r}")
-        check_text(turn[key], where, key, lim["max_field_chars"], empty_ok=key == "assistant")
-    ts = turn.get("timestamp")
-    if ts is not None:
-        check_text(ts, where, "timestamp", lim["max_id_chars"])
-    return {"user": turn["user"], "assistant": turn["assistant"], "timestamp": ts}
-
-
-def _no_duplicate_keys(where: str):
-    def hook(pairs: list[tuple[str, Any]]) -> dict:
-        out: dict = {}
-        for k, v in pairs:
-            if k in out:
-                raise InputError(f"{where}: field {k!r} appears twice in one object")
-            out[k] = v
-        return out
-
-    return hook
-
-
-def load_conversation(path: str | Path, limits: dict | None = None) -> tuple[str | None, list[dict]]:
-    """(conversation_id or None, validated turns) of a conversation JSON / JSONL file.
-
-    Everything later code relies on is checked here, before anything is written: types, encodable
-    text, sizes within `limits` (runtime.limits), no duplicated field. Raises InputError naming the
-    file, the turn (1-based; and line for JSONL) and the field.
-    """
-    lim = {**DEFAULT_LIMITS, **(limits or {})}
-    p = Path(path)
-    if not p.exists():
-        raise InputError(f"input={str(p)!r}: file does not exist")
-    if not p.is_file():
-        raise InputError(f"input={str(p)!r}: not a file")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise InputError(f"{p}: not UTF-8 text ({e})") from None
-    if not text.strip():
-        raise InputError(f"{p}: file is empty")
-
-    data: Any = None
-    jsonl = p.suffix.lower() == ".jsonl"
-    if not jsonl:
-        try:
-            data = json.loads(text, object_pairs_hook=_no_duplicate_keys(str(p)))
-        except json.JSONDecodeError as e:
-            if p.suffix.lower() == ".json":
-                raise InputError(f"{p}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
-            jsonl = True  # no telling suffix: try one object per line
-        except RecursionError:
-            raise InputError(f"{p}: JSON nested too deeply") from None
-
-    conv_id: str | None = None
-    turns: list[dict] = []
-    if jsonl:
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            where = f"{p}: turn {len(turns) + 1} (line {lineno})"
-            try:
-                obj = json.loads(line, object_pairs_hook=_no_duplicate_keys(where))
-            except json.JSONDecodeError as e:
-                raise InputError(f"{p}: invalid JSON on line {lineno} (column {e.colno}): {e.msg}") from None
-            except RecursionError:
-                raise InputError(f"{where}: JSON nested too deeply") from None
-            turns.append(_check_turn(obj, where, lim))
-            if len(turns) > lim["max_turns"]:
-                raise InputError(f"{p}: more than {lim['max_turns']:,} turns (runtime.limits.max_turns)")
-    else:
-        if isinstance(data, list):
-            raw_turns = data
-        elif isinstance(data, dict):
-            if "turns" not in data:
-                raise InputError(f"{p}: missing field 'turns' (a list of {{'user', 'assistant'}} objects)")
-            raw_turns = data["turns"]
-            if data.get("conversation_id") is not None:
-                conv_id = check_conversation_id(data["conversation_id"], str(p), lim)
-        else:
-            raise InputError(f"{p}: expected an object with 'turns' or a list of turns, got {json_type(data)}")
-        if not isinstance(raw_turns, list):
-            raise InputError(f"{p}: field 'turns' must be a list, got {json_type(raw_turns)}")
-        if len(raw_turns) > lim["max_turns"]:
-            raise InputError(f"{p}: {len(raw_turns):,} turns, over the limit of {lim['max_turns']:,} "
-                             "(runtime.limits.max_turns)")
-        turns = [_check_turn(t, f"{p}: turn {i}", lim) for i, t in enumerate(raw_turns, 1)]
-    if not turns:
-        raise InputError(f"{p}: no turns")
-    return conv_id, turns
 
 
 # ---------------------------------------------------------------------- commands
@@ -251,7 +120,7 @@ def _ingest(cfg: DictConfig) -> dict:
     keys = turn_keys(turns)
     store = Store(str(path), synchronous=cfg.runtime.store.synchronous)
     try:
-        store.lock_for_writing(float(cfg.runtime.store.get("lock_timeout_s", 0.0)))
+        store.lock_for_writing(float(cfg.runtime.store.lock_timeout_s))
         if reset:  # start this memory file over (its vector index too)
             import shutil
 
@@ -278,7 +147,7 @@ def _ingest(cfg: DictConfig) -> dict:
         before = mem.stats()["nodes"]
         bar = tqdm(todo, desc=f"ingest {conv}", unit="turn", file=sys.stderr, disable=None)
         for i, t, key in bar:
-            node, loc = mem.step(t["user"], t["assistant"], t["timestamp"], turn_key=key)
+            node, loc = mem.step(t["user"], t["assistant"], t["timestamp"], turn_key=key, speaker=t["speaker"])
             r = {"turn": i, "node_id": node.id, "parent_id": node.parent_id, "root_id": node.root_id,
                  "route": loc.route, "score": round(float(loc.score), 4), "cue": loc.cue}
             routes.append(r)

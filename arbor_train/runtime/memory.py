@@ -382,7 +382,7 @@ class ArborMemory:
 
     def lock_for_writing(self) -> None:
         """Become this memory file's single writer (waits up to store.lock_timeout_s; MemoryBusy after)."""
-        self.store.lock_for_writing(float(self.cfg["store"].get("lock_timeout_s", 0.0)))
+        self.store.lock_for_writing(float(self.cfg["store"]["lock_timeout_s"]))
 
     def commit(self, user_text: str, assistant_text: str, loc: Localization, timestamp: str | None = None,
                extraction: Extraction | None = None, turn_key: str | None = None, speaker: str | None = None) -> Node:

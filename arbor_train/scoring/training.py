@@ -76,7 +76,6 @@ from __future__ import annotations
 import json
 import math
 import operator
-import re
 import string
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping, Sequence

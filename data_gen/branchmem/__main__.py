@@ -16,7 +16,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from arbor_train.errors import ConfigError, conf_options, entry_point, parse_bool, parse_choice, parse_float, parse_int
+from arbor_train.errors import ConfigError, entry_point, parse_bool, parse_choice, parse_float, parse_int
 from arbor_train.paths import CONF_DIR
 
 from .generate import build_session, merge_shards, run_generation, session_targets
@@ -108,8 +108,6 @@ def check_options(cfg: DictConfig) -> dict:
     o["workers"] = parse_int(cfg.workers, "workers", minimum=1)
     for key in ("overwrite", "progress", "mine"):
         o[key] = parse_bool(cfg[key], key)
-    if o["mine"] or o["command"] == "benchmark":
-        parse_choice(cfg.runtime_profile, "runtime_profile", conf_options("runtime"))
     if o["command"] == "merge":
         dirs = cfg.merge_from
         if not dirs or isinstance(dirs, str):
@@ -140,16 +138,16 @@ def check_options(cfg: DictConfig) -> dict:
 def _runtime_cfg(cfg: DictConfig, mine: bool) -> dict | None:
     if not mine:
         return None
-    from arbor_train.runtime import default_config
+    from arbor_train.runtime.config import runtime_config
 
-    return default_config(cfg.runtime_profile)
+    return runtime_config(OmegaConf.to_container(cfg, resolve=True))
 
 
 def _cfg_text(cfg: DictConfig) -> str:
-    """What determines the data (preset, seed, mining profile): the same for shards and a single run."""
+    """What determines the data (preset, seed, the mining runtime): the same for shards and a single run."""
     return OmegaConf.to_yaml(OmegaConf.create({"preset": OmegaConf.to_container(cfg.preset, resolve=True),
                                                "seed": cfg.seed, "mine": cfg.mine,
-                                               "runtime_profile": cfg.runtime_profile,
+                                               "runtime": OmegaConf.to_container(cfg.runtime, resolve=True),
                                                "verbalizer": OmegaConf.to_container(cfg.verbalizer, resolve=True)}))
 
 

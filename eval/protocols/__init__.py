@@ -6,8 +6,9 @@ loader, replay of one unit through a method, summary. Adding a benchmark is one 
 
 from __future__ import annotations
 
-from . import beam, branchmem, irc, locomo, longmemeval
+from . import beam, branchmem, conversations, irc, locomo, longmemeval
 from .base import Protocol
 
-PROTOCOLS: dict[str, Protocol] = {m.PROTOCOL.name: m.PROTOCOL for m in (branchmem, locomo, longmemeval, beam, irc)}
+PROTOCOLS: dict[str, Protocol] = {m.PROTOCOL.name: m.PROTOCOL for m in (branchmem, locomo, longmemeval, beam, irc,
+                                                                   conversations)}
 BENCHMARKS = tuple(PROTOCOLS)
