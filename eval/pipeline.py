@@ -35,6 +35,14 @@ from arbor_train.paths import CONF_DIR, REPO_ROOT
 
 FINGERPRINT_VERSION = 1
 EXIT_USER_ERROR = 2
+HEADLINE_ROWS = ("runtime", "heuristic", "bm25", "dense", "untuned")
+HEADLINE_WHAT = {
+    "runtime": "tuned reader over the tuned runtime's context (tuned reranker + tagger), whole formal set",
+    "heuristic": "tuned reader over the heuristic runtime's context, whole formal set",
+    "bm25": "tuned reader over BM25's context, whole formal set",
+    "dense": "tuned reader over the dense (MiniLM) baseline's context, whole formal set",
+    "untuned": "untuned SmolLM2 reader over the tuned runtime's context, whole formal set",
+}
 
 
 class StageError(RuntimeError):
@@ -83,8 +91,6 @@ def check_options(c: dict) -> None:
     parse_int(rd["settings_per_session"], "reader_data.settings_per_session", minimum=1)
     e = c["eval"]
     e["budget"] = parse_int(e["budget"], "eval.budget", minimum=1)
-    if e["llm_sessions"] is not None:
-        e["llm_sessions"] = parse_int(e["llm_sessions"], "eval.llm_sessions", minimum=1)
     from eval.compare import SETS
 
     if not isinstance(e["sets"], list):
@@ -92,13 +98,14 @@ def check_options(c: dict) -> None:
     for k, name in enumerate(e["sets"]):
         parse_choice(name, f"eval.sets[{k}]", sorted(SETS))
     parse_choice(e["answer_model"], "eval.answer_model", conf_options("answer_model"))
-    for key in ("untuned_runtime", "tuned_runtime", "answer_overrides"):
+    for key in ("tuned_runtime", "answer_overrides", "headline"):
         if not isinstance(e[key], list):
-            raise StageConfigError(f"option eval.{key} must be a list of overrides, got {e[key]!r}")
+            raise StageConfigError(f"option eval.{key} must be a list, got {e[key]!r}")
+    for k, name in enumerate(e["headline"]):
+        parse_choice(name, f"eval.headline[{k}]", HEADLINE_ROWS)
     from arbor_train.runtime.config import check_overrides
 
-    for key in ("untuned_runtime", "tuned_runtime"):
-        check_overrides(e[key], f"eval.{key}")
+    check_overrides(e["tuned_runtime"], "eval.tuned_runtime")
 
 
 @dataclass
@@ -190,35 +197,40 @@ def plan(c: dict) -> list[Stage]:
     formal = out / "data_formal"
     common = [f"data_dir={formal}", f"budget={e['budget']}", f"wandb.project={c['wandb']['project']}"]
     bundles = out / "bundles"
-    tuned_paths = [o for role, task in trained.items()
-                   for o in roles.get(role).plug_overrides(bundles / role, task)]
-    exports = [f"export_{role}" for role, task in trained.items()  # the bundles the tuned runtime loads
-               if roles.get(role).plug_overrides(bundles / role, task)]
+    # the bundles the tuned runtime loads: every trained role's plug overrides, but those under a key that
+    # eval.tuned_runtime sets itself (runtime.extractors.states=heuristic keeps the extractor out)
+    fixed = [o.split("=", 1)[0] + "." for o in e["tuned_runtime"] if o.startswith("runtime.")]
+    plugged = {role: [o for o in roles.get(role).plug_overrides(bundles / role, task)
+                      if not any(o.startswith(k) for k in fixed)] for role, task in trained.items()}
+    tuned_paths = [o for ov in plugged.values() for o in ov]
+    exports = [f"export_{role}" for role, ov in plugged.items() if ov]
     for s in e["sets"]:
         stages.append(Stage(f"eval_{s}", [*py, "-m", "eval.compare", s, *common, "--out", str(out / f"eval_{s}")],
                             ["data_formal"], what=f"`{s}` with heuristic components, whole formal set"))
-    answer = [f"answer_model={e['answer_model']}", *e["answer_overrides"]]
-    rows = {  # name -> (runtime overrides, deps, answer-model options)
-        "heuristic": ([], [], answer),
-        "untuned": (list(e["untuned_runtime"]), [], answer),
-        "tuned": ([*e["tuned_runtime"], *tuned_paths], exports, answer),
+    # whole set, no answers: routing and retrieval of the heuristic runtime (the tuned runtime's are in its
+    # headline row, which replays the same set)
+    stages.append(Stage("eval_full_heuristic", [*py, "-m", "eval.run", *common, f"run_dir={out / 'eval_full_heuristic'}"],
+                        ["data_formal"], what="heuristic runtime, whole formal set"))
+    # the headline: answers to every question of the formal set, the same questions for every row
+    reader = next((r for r in trained if roles.get(r).supervision == "reader"), None)
+    tuned_reader = ([*roles.get(reader).answer_overrides(bundles / reader), *e["answer_overrides"]], [f"export_{reader}"]) \
+        if reader else None
+    untuned_reader = ([f"answer_model={e['answer_model']}", *e["answer_overrides"]], [])
+    tuned_rt = [*e["tuned_runtime"], *tuned_paths]
+    rows = {  # row -> (memory overrides, its deps, the answer model)
+        "runtime": (["method=arbormem", *tuned_rt], exports, tuned_reader),
+        "heuristic": (["method=arbormem"], [], tuned_reader),
+        "bm25": (["method=bm25"], [], tuned_reader),
+        "dense": (["method=dense", "runtime/components=minilm"], [], tuned_reader),
+        "untuned": (["method=arbormem", *tuned_rt], exports, untuned_reader),
     }
-    for role in trained:  # a tuned reader answers over the heuristic memory: the row beside `heuristic`
-        if roles.get(role).supervision == "reader":
-            rows["reader"] = ([], [f"export_{role}"],
-                              [*roles.get(role).answer_overrides(bundles / role), *e["answer_overrides"]])
-    # whole set, no answers: routing and retrieval; the tuned routers with heuristic extractors (LLM-free)
-    for row in ("heuristic", "tuned"):
-        ov, deps, _ = rows[row]
-        ov = [*ov, "runtime.extractors.states=heuristic"] if row == "tuned" else ov
-        stages.append(Stage(f"eval_full_{row}", [*py, "-m", "eval.run", *common, *ov,
-                                                 f"run_dir={out / f'eval_full_{row}'}"], ["data_formal", *deps],
-                            what=f"{row} runtime, whole formal set" + (" (tuned reranker + tagger)" if deps else "")))
-    sub = [] if e["llm_sessions"] is None else [f"max_sessions={e['llm_sessions']}"]
-    for row, (ov, deps, ans) in rows.items():
-        stages.append(Stage(f"eval_llm_{row}", [*py, "-m", "eval.run", *common, *sub, *ov, *ans,
-                                                f"run_dir={out / f'eval_llm_{row}'}"],
-                            ["data_formal", *deps], what=f"{row} runtime with answers, LLM subset"))
+    for row in e["headline"]:
+        memory, deps, ans = rows[row]
+        if ans is None:  # no reader role trained: only the untuned reader's row can run
+            continue
+        stages.append(Stage(f"eval_answer_{row}", [*py, "-m", "eval.run", *common, *memory, *ans[0],
+                                                   f"run_dir={out / f'eval_answer_{row}'}"],
+                            ["data_formal", *deps, *ans[1]], what=HEADLINE_WHAT[row]))
     evals = [s.name for s in stages if s.name.startswith("eval_")]
     stages.append(Stage("report", [*py, "-m", "eval.pipeline_report", f"out={out}",
                                    f"wandb.enabled={c['wandb']['enabled']}", f"wandb.project={c['wandb']['project']}"],

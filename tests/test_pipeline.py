@@ -19,8 +19,7 @@ TINY = [
     'train.reader.overrides=["model=tiny_decoder","trainer.max_steps=2","task.gen_examples=2","task.max_length=1000",'
     '"task.pack_length=1000","task.max_new_tokens=4","logger=csv"]',
     "reader_data.budgets=[256]", "data.train.seed=3",  # smoke formal and train sets of one seed are the same sessions
-    "eval.sets=[methods]", "eval.llm_sessions=1", "eval.untuned_runtime=[]", "eval.answer_model=none",
-    "eval.answer_overrides=[]",
+    "eval.sets=[methods]", "eval.answer_model=none", "eval.answer_overrides=[]",
 ]
 
 
@@ -35,17 +34,23 @@ def test_plan_names_every_stage_with_absolute_paths(tmp_path):
     stages = plan(OmegaConf.to_container(pcfg(tmp_path / "p"), resolve=True))
     names = [s.name for s in stages]
     assert names[:3] == ["data_formal", "data_train", "data_heldout"] and names[-1] == "report"
-    assert {"train_reranker", "train_tagger", "train_extractor", "export_extractor", "eval_methods",
-            "eval_full_tuned", "eval_llm_untuned", "eval_llm_tuned"} <= set(names)
-    tuned = next(s for s in stages if s.name == "eval_llm_tuned")
-    assert f"reranker.bundle.path={tmp_path / 'p' / 'bundles' / 'reranker'}" in tuned.command()
-    assert set(tuned.deps) >= {"export_reranker", "export_tagger", "export_extractor"}
+    assert {"train_reranker", "train_tagger", "train_extractor", "export_extractor", "eval_methods", "eval_full_heuristic",
+            *(f"eval_answer_{r}" for r in ("runtime", "heuristic", "bm25", "dense", "untuned"))} <= set(names)
+    tuned = next(s for s in stages if s.name == "eval_answer_runtime")
+    assert f"runtime.reranker.bundle.path={tmp_path / 'p' / 'bundles' / 'reranker'}" in tuned.command()
+    assert "runtime/components=tuned_all" in tuned.command() and "runtime.extractors.states=heuristic" in tuned.command()
+    assert set(tuned.deps) >= {"export_reranker", "export_tagger", "export_reader"}
+    # every headline row but the untuned one answers with the tuned reader; all read the same budget
+    for row in ("runtime", "heuristic", "bm25", "dense"):
+        cmd = next(s for s in stages if s.name == f"eval_answer_{row}").command()
+        assert f"answer_model.llm.path={tmp_path / 'p' / 'bundles' / 'reader'}" in cmd and "budget=1024" in cmd
+    untuned = next(s for s in stages if s.name == "eval_answer_untuned")
+    assert "answer_model=none" in untuned.command() and "export_reader" not in untuned.deps
     # the reader trains on contexts the runtime assembles over the training sessions, never the formal ones
     rd = next(s for s in stages if s.name == "data_reader_train")
     assert f"data_dir={tmp_path / 'p' / 'data_train'}" in rd.command() and str(tmp_path / "p" / "data_formal") in rd.command()
-    reader = next(s for s in stages if s.name == "eval_llm_reader")
-    assert f"answer_model.llm.path={tmp_path / 'p' / 'bundles' / 'reader'}" in reader.command()
-    assert "export_reader" not in tuned.deps and "runtime/components" not in reader.command()
+    dense = next(s for s in stages if s.name == "eval_answer_dense")
+    assert "method=dense" in dense.command() and "runtime/components=minilm" in dense.command()
 
 
 @pytest.mark.slow  # the whole loop on tiny models: 5-6 minutes on 2 cores
@@ -58,10 +63,16 @@ def test_pipeline_runs_then_skips_then_reruns_only_downstream(tmp_path):
     # the whole-set row covers every question of the formal set, as its stage's results.json says
     n_q = sum(len(json.loads(l)["questions"]) for l in (out / "data_formal" / "jsonl" / "sessions.jsonl").open())
     heuristic = json.loads((out / "eval_full_heuristic" / "results.json").read_text())["results"]
-    assert summary["full"]["heuristic"]["questions"] == heuristic["questions"] == n_q > 0
-    assert summary["llm"]["tuned"]["sessions"] == 1
-    assert summary["llm"]["reader"]["answer_calls"]["answers"] == summary["llm"]["reader"]["questions"] > 0
-    assert "tuned bundles" in report and "eval.compare methods" in report
+    assert summary["routing"]["heuristic"]["questions"] == heuristic["questions"] == n_q > 0
+    # the headline: every question answered by each row with the (tiny) tuned reader, paired against the first
+    rows = {r["row"]: r for r in summary["headline"]}
+    assert set(rows) == {"runtime", "heuristic", "bm25", "dense"}  # answer_model=none: no untuned answers
+    assert all(r["questions"] == n_q for r in rows.values())
+    for r in ("heuristic", "bm25", "dense"):
+        lo, hi = rows[r]["diff_ci"]
+        assert lo <= rows[r]["difference"] <= hi and rows[r]["vs"] == "runtime"
+        assert rows[r]["ref_only"] + rows[r]["row_only"] <= n_q
+    assert "Headline: every question of the formal set" in report and "eval.compare methods" in report
     from PIL import Image
 
     headline = out / "report" / "headline.png"
@@ -86,21 +97,21 @@ def test_pipeline_runs_then_skips_then_reruns_only_downstream(tmp_path):
     again = run_pipeline(pcfg(out))
     assert all(s["skipped"] for s in again["stages"])
 
-    changed = run_pipeline(pcfg(out, "eval.budget=1024"))
+    answers = {f"eval_answer_{r}" for r in ("runtime", "heuristic", "bm25", "dense", "untuned")}
+    changed = run_pipeline(pcfg(out, "eval.budget=512"))
     ran = {s["stage"] for s in changed["stages"] if not s["skipped"]}
-    assert ran == {"eval_methods", "eval_full_heuristic", "eval_full_tuned", "eval_llm_heuristic",
-                   "eval_llm_untuned", "eval_llm_tuned", "eval_llm_reader", "report"}
-    assert json.loads((out / "eval_full_heuristic" / "results.json").read_text())["results"]["budget"] == 1024
+    assert ran == {"eval_methods", "eval_full_heuristic", *answers, "report"}
+    assert json.loads((out / "eval_full_heuristic" / "results.json").read_text())["results"]["budget"] == 512
 
-    redone = run_pipeline(pcfg(out, "eval.budget=1024", "force=[export_tagger]"))   # a redone stage makes its users stale
+    redone = run_pipeline(pcfg(out, "eval.budget=512", "force=[export_tagger]"))   # a redone stage makes its users stale
     assert {s["stage"] for s in redone["stages"] if not s["skipped"]} == {
-        "export_tagger", "eval_full_tuned", "eval_llm_tuned", "report"}
+        "export_tagger", "eval_answer_runtime", "eval_answer_untuned", "report"}
 
     # another learning rate: the old run's checkpoints are cleared, not resumed (resume would refuse them)
-    lr = run_pipeline(pcfg(out, "eval.budget=1024",
+    lr = run_pipeline(pcfg(out, "eval.budget=512",
                            'train.tagger.overrides=["model=tiny_encoder","trainer.max_steps=4","logger=csv","optim.lr=1e-3"]'))
     assert {s["stage"] for s in lr["stages"] if not s["skipped"]} == {
-        "train_tagger", "export_tagger", "eval_full_tuned", "eval_llm_tuned", "report"}
+        "train_tagger", "export_tagger", "eval_answer_runtime", "eval_answer_untuned", "report"}
     assert json.loads((out / "train_tagger" / "run" / "final" / "metrics.json").read_text())["resumed_from"] is None
 
 
@@ -118,7 +129,7 @@ def test_bad_stage_names_and_failures_are_reported_and_keep_finished_stages(tmp_
     (["echo=maybe"], "option echo must be true or false"),
     (["data.workers=0"], "option data.workers must be at least 1"),
     (["eval.budget=lots"], "option eval.budget must be an integer"),
-    (["eval.llm_sessions=-1"], "option eval.llm_sessions must be at least 1"),
+    (["eval.headline=[runtime,oracle]"], r"option eval.headline\[1\] must be one of runtime, heuristic, bm25, dense, untuned"),
     (["eval.sets=[bogus]"], r"option eval.sets\[0\] must be one of ablations, budgets, methods"),
     (["eval.answer_model=gpt9"], "option eval.answer_model must be one of bundle, none, openai, smollm2"),
     (["train.tagger.experiment=nope"], "option train.tagger.experiment must be one of"),
