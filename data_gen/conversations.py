@@ -101,6 +101,16 @@ def replay_routing(conv_id: str, turns: list[dict], runtime_cfg: dict, comps: di
     return rows
 
 
+def replay_options(cfg: DictConfig) -> tuple[float, int]:
+    """`teacher_forcing` (the share of labelled turns committed at their gold parent, in [0, 1]) and `seed`,
+    read strictly; shared by the miners that replay gold links (this one and data_gen.irc)."""
+    forcing, seed = parse_float(cfg.teacher_forcing, "teacher_forcing", minimum=0.0), parse_int(cfg.seed, "seed")
+    if forcing > 1.0:
+        raise ConfigError(f"option teacher_forcing is the share of labelled turns committed at their gold parent, "
+                          f"between 0 and 1, got {cfg.teacher_forcing!r}")
+    return forcing, seed
+
+
 def from_branchmem(session: dict) -> list[dict]:
     """A BranchMemEval session (python -m data_gen.branchmem) as conversation-file turns, its plan's gold
     parents as `parent` labels: how docs/examples/chats.jsonl was made."""
@@ -175,9 +185,7 @@ def _run(cfg: DictConfig) -> dict:
     share = parse_float(cfg.heldout, "heldout", minimum=0.0)
     if share >= 1.0:
         raise ConfigError(f"option heldout is the share of conversations held out, in [0, 1), got {cfg.heldout!r}")
-    forcing, seed = parse_float(cfg.teacher_forcing, "teacher_forcing", minimum=0.0), parse_int(cfg.seed, "seed")
-    if forcing > 1.0:
-        raise ConfigError(f"option teacher_forcing is a share of labelled turns, in [0, 1], got {cfg.teacher_forcing!r}")
+    forcing, seed = replay_options(cfg)
     weak_conf = parse_float(cfg.weak.min_confidence, "weak.min_confidence", minimum=0.0)
     out = Path(str(cfg.out_dir))
     if out.exists() and not overwrite:  # fail before any work

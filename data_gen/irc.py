@@ -29,15 +29,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from arbor_train.errors import (
-    ConfigError,
-    MissingInputError,
-    OutputExistsError,
-    entry_point,
-    parse_bool,
-    parse_float,
-    parse_int,
-)
+from arbor_train.errors import ConfigError, MissingInputError, OutputExistsError, entry_point, parse_bool, parse_int
 from arbor_train.paths import CONF_DIR
 
 
@@ -122,10 +114,9 @@ def _run(cfg: DictConfig) -> dict:
             raise MissingInputError(f"option splits: {src / s} is not a folder")
     overwrite, progress = parse_bool(cfg.overwrite, "overwrite"), parse_bool(cfg.progress, "progress")
     max_files = None if cfg.max_files is None else parse_int(cfg.max_files, "max_files", minimum=1)
-    forcing, seed = parse_float(cfg.teacher_forcing, "teacher_forcing", minimum=0.0), parse_int(cfg.seed, "seed")
-    if forcing > 1.0:
-        raise ConfigError(f"option teacher_forcing is the share of annotated messages committed at their gold "
-                          f"parent, between 0 and 1, got {cfg.teacher_forcing!r}")
+    from data_gen.conversations import replay_options
+
+    forcing, seed = replay_options(cfg)
     out = Path(str(cfg.out_dir))
     if out.exists() and not overwrite:  # fail before any work
         raise OutputExistsError(f"out_dir={str(out)!r} already exists; pass overwrite=true to replace it")

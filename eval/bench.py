@@ -78,7 +78,7 @@ def bench_forget(mem, b: DictConfig, scratch: Path) -> dict:
     from arbor_train.runtime import ArborMemory
 
     mem.index.save()
-    mem.store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    mem.store.checkpoint()
     src = Path(mem.store.path)
     out: dict = {}
     for count in (parse_int(c, "bench.forget_counts[]", minimum=1) for c in b.forget_counts):
@@ -89,7 +89,7 @@ def bench_forget(mem, b: DictConfig, scratch: Path) -> dict:
             shutil.copy(src, copy)
             shutil.copytree(f"{src}.hnsw", f"{copy}.hnsw")
             m = ArborMemory.open(copy, mem.conv, mem.cfg, components=mem.components)
-            ids = [n for (n,) in m.store.db.execute("SELECT id FROM nodes WHERE conversation_id=?", (mem.conv,))]
+            ids = m.store.node_ids(mem.conv)
             pick = random.Random(count * 1000 + rep).sample(ids, min(count, len(ids)))
             t = time.perf_counter()
             r = m.forget(nodes=pick)

@@ -1,5 +1,7 @@
 """One command, one table: run a set of evaluation configurations in-process and print the merged table.
 
+    python -m eval.compare table=<name> [overrides] [--out DIR]   # a published table, by name (conf/table/)
+
     python -m eval.compare methods   [eval overrides...]   # arbormem, full_context, bm25, dense, fact_store
     python -m eval.compare ablations [eval overrides...]   # full and each component removed alone
     python -m eval.compare budgets   [eval overrides...]   # 256 ... 32768 tokens for arbormem and the baselines
@@ -15,8 +17,10 @@ keeps its own folder under --out; the table, merged.json and the plots land in -
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
+from arbor_train.errors import entry_point
 from arbor_train.replay.methods import MEMORY_METHODS
 
 SETS = {
@@ -55,7 +59,22 @@ def compare(kind: str, overrides: list[str], out: str | Path, configs: list[list
     return report([out], out)
 
 
+@entry_point
+def table_main(argv: list[str]) -> None:
+    """`table=<name>`: the table's config runs (eval/tables.py); a user mistake is one error line, exit 2."""
+    from .tables import run_table
+
+    ap = argparse.ArgumentParser(prog="python -m eval.compare table=<name>")
+    ap.add_argument("overrides", nargs="*", help="added to every row (Hydra syntax), e.g. max_sessions=2")
+    ap.add_argument("--out", default=None, help="output folder (default docs/results/generated/<name>)")
+    a = ap.parse_intermixed_args(argv[1:])
+    run_table(argv[0].split("=", 1)[1], a.overrides, a.out)
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1].startswith("table="):
+        table_main(sys.argv[1:])
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("kind", choices=[*sorted(SETS), "grid"])
     ap.add_argument("overrides", nargs="*", help="eval.run overrides (Hydra syntax)")

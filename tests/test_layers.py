@@ -135,3 +135,24 @@ def test_a_cycle_is_caught(tmp_path):
     f = tmp_path / "arbor_train" / "scoring" / "answers.py"  # answers -> replay.sessions, which scores with answers
     f.write_text(f.read_text() + "\n\ndef _added():\n    from arbor_train.replay.sessions import replay_session\n")
     assert ["arbor_train.replay.sessions", "arbor_train.scoring.answers"] in cycles(graph(tmp_path))
+
+
+# the memory file's SQL lives in the store; forget.py's cascade moves into it with the forget rework (issue #39)
+SQL_OUTSIDE_THE_STORE = {"arbor_train/runtime/forget.py"}
+
+
+def test_the_memory_files_sql_stays_in_the_store():
+    """No module runs SQL on a memory store's connection (`store.db`) but store.py (and the listed one)."""
+    import re
+
+    found = sorted(str(p.relative_to(REPO_ROOT)) for pkg in PACKAGES for p in (REPO_ROOT / pkg).rglob("*.py")
+                   if re.search(r"\b(store|st)\.db\b", p.read_text()))
+    allowed = {"arbor_train/runtime/store.py", *SQL_OUTSIDE_THE_STORE}
+    assert set(found) <= allowed, f"SQL on the memory store outside store.py: {sorted(set(found) - allowed)}"
+
+
+def test_evidence_layers_see_sources_not_the_memory():
+    """A read layer gets `Sources` (store, conversation, config, ablations, tagger, index, embedder), never
+    the ArborMemory object."""
+    text = (REPO_ROOT / "arbor_train" / "runtime" / "layers.py").read_text()
+    assert ".mem." not in text and "mem: Any" not in text and "src: Sources" in text

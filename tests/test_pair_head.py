@@ -108,7 +108,7 @@ def test_pair_refit_fits_the_head_on_whole_candidate_lists_and_exports_the_refit
     from tests.test_train import tcfg
 
     res = train(tcfg(tmp_path / "run", smoke_data, "task.pair_features=true", "task.pair_hidden=4",
-                     "+task.pair_refit={max_rows: 60, epochs: 30, lr: 0.01}"))
+                     "task.pair_refit.enabled=true", "task.pair_refit.max_rows=60", "task.pair_refit.epochs=30", "task.pair_refit.lr=0.01"))
     r = res["pair_refit"]
     assert r["rows"] == 60 and r["pairs"] > 60  # every candidate of each row, not a group of the hardest
     assert r["loss"] < r["loss_before"]  # the refit lowers the listwise loss over whole lists
@@ -180,7 +180,7 @@ def test_refit_with_a_held_out_share_keeps_the_best_epoch_and_exports_extras(tmp
 
     res = train(tcfg(tmp_path / "run", smoke_data, "task.pair_features=true", "task.pair_hidden=4",
                      "task.pair_extra=[overlap]", "task.pair_logit_input=true",
-                     "+task.pair_refit={max_rows: 60, epochs: 12, lr: 0.01, val_share: 0.25}"))
+                     "task.pair_refit.enabled=true", "task.pair_refit.max_rows=60", "task.pair_refit.epochs=12", "task.pair_refit.lr=0.01", "task.pair_refit.val_share=0.25"))
     r = res["pair_refit"]
     assert r["rows"] == 60 and r["val_rows"] == 15 and len(r["val_curve"]) == 12
     # the head kept is the best epoch's on the held-out rows, not the last one's

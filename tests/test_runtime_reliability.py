@@ -25,8 +25,8 @@ from arbor_train.errors import UserError
 from arbor_train.paths import REPO_ROOT
 from arbor_train.runtime import ArborMemory
 from arbor_train.runtime.cli import run
+from arbor_train.runtime.commit import turn_keys
 from arbor_train.runtime.index import index_path
-from arbor_train.runtime.memory import turn_keys
 from arbor_train.runtime.store import SCHEMA_VERSION, MemoryBusy, Store, conv_token
 
 LOCOMO = REPO_ROOT.parent / "shared" / "data" / "locomo"

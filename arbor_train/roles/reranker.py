@@ -118,7 +118,7 @@ def refit_rows(c: dict) -> list[tuple[str, list[dict], list[int], bool]]:
             root = row["gold_parent"] < 0
             if row["candidates"] and (pos or root):  # no candidate: nothing to rank
                 kept.append((row["input"], list(row["candidates"]), pos, root))
-        out += cap(kept, r.get("max_rows"))
+        out += cap(kept, r["max_rows"])
     return out
 
 
@@ -169,9 +169,9 @@ def refit_pair_head(module: "RerankerModule", tokenizer, c: dict) -> dict[str, A
             pairs += len(cands)
     F_, Q_ = torch.from_numpy(feats), torch.tensor(qs, dtype=torch.float32)
     params = [*head.parameters(), root_logit]
-    opt = torch.optim.Adam(params, lr=float(r.get("lr", 3e-3)))
+    opt = torch.optim.Adam(params, lr=float(r["lr"]))
     g = torch.Generator().manual_seed(c["seed"])
-    batch = int(r.get("batch_rows", 256))
+    batch = int(r["batch_rows"])
 
     def logits_of(idx):
         cols = L_[idx].to(dev).view(-1, len(LOGIT_INPUTS)) if L_ is not None else None
@@ -186,9 +186,9 @@ def refit_pair_head(module: "RerankerModule", tokenizer, c: dict) -> dict[str, A
     def acc_of(idx):
         return float((ys[idx].to(dev).gather(1, logits_of(idx).argmax(1, keepdim=True)) > 0).float().mean())
 
-    share = float(r.get("val_share") or 0.0)
+    share = float(r["val_share"] or 0.0)
     if not 0.0 <= share < 1.0:
-        raise ConfigError(f"option task.pair_refit.val_share must be in [0, 1), got {r.get('val_share')!r}")
+        raise ConfigError(f"option task.pair_refit.val_share must be in [0, 1), got {r['val_share']!r}")
     order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(c["seed"] + 7))
     n_val = int(round(share * len(rows)))
     val, fit = (order[:n_val], order[n_val:]) if n_val else (order[:0], torch.arange(len(rows)))
@@ -198,7 +198,7 @@ def refit_pair_head(module: "RerankerModule", tokenizer, c: dict) -> dict[str, A
     with torch.no_grad():
         before = float(loss_of(fit))
         val_before = (float(loss_of(val)), acc_of(val)) if n_val else None
-    best_val, best_state, best_epoch, epochs = float("inf"), None, 0, int(r.get("epochs", 40))
+    best_val, best_state, best_epoch, epochs = float("inf"), None, 0, int(r["epochs"])
     curve: list[float] = []
     with torch.enable_grad():
         bar = tqdm(range(epochs), desc="pair head refit: fit", unit="epoch")
@@ -397,7 +397,7 @@ class Reranker(Role):
         return out
 
     def after_fit(self, c: dict, built: Built) -> dict[str, Any]:
-        if not c["task"].get("pair_refit") or built.module.pair_head is None:
+        if not c["task"]["pair_refit"]["enabled"] or built.module.pair_head is None:
             return {}
         return {"pair_refit": refit_pair_head(built.module, built.tokenizer, c)}
 

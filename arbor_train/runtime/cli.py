@@ -92,23 +92,11 @@ def _conversation(cfg: DictConfig, file_conv: str | None = None) -> str:
     return file_conv if (conv == "default" and file_conv) else conv
 
 
-def _reset(store) -> dict[str, int]:
-    """Empty a memory file in one transaction (the writer lock is held): every conversation, every table."""
-    from .store import DATA_TABLES, FTS_TABLES
-
-    removed = {c: n for c, n in store.db.execute(
-        "SELECT conversation_id, COUNT(*) FROM nodes GROUP BY conversation_id ORDER BY 1")}
-    with store.transaction():
-        for table in DATA_TABLES[1:] + tuple(FTS_TABLES):
-            store.db.execute(f"DELETE FROM {table}")
-        store.db.execute("DELETE FROM meta WHERE key != 'schema_version'")
-    return removed
-
-
 def _ingest(cfg: DictConfig) -> dict:
     from tqdm import tqdm
 
-    from .memory import ArborMemory, turn_keys
+    from .commit import turn_keys
+    from .memory import ArborMemory
     from .store import Store
 
     src = _required(cfg, "input", "ingest", "a conversation JSON/JSONL file")
@@ -124,7 +112,7 @@ def _ingest(cfg: DictConfig) -> dict:
         if reset:  # start this memory file over (its vector index too)
             import shutil
 
-            removed = _reset(store)
+            removed = store.reset()
             shutil.rmtree(f"{path}.hnsw", ignore_errors=True)
             what = ", ".join(f"{c!r}: {n} nodes" for c, n in removed.items()) or "it was empty"
             print(f"reset: emptied {path} ({what})")
@@ -211,8 +199,7 @@ def _show(cfg: DictConfig) -> dict:
         with mem.store.snapshot():  # one committed state, while a writer may be ingesting
             counts = mem.stats()
             roots = root_summaries(mem.nodes())
-            others = [r[0] for r in mem.store.db.execute(
-                "SELECT DISTINCT conversation_id FROM nodes WHERE conversation_id != ? ORDER BY 1", (conv,))]
+            others = [c for c in mem.store.conversations() if c != conv]
     finally:
         mem.close()
     print(f"memory {path} conversation {conv!r}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))

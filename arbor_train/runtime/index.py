@@ -62,10 +62,8 @@ class VectorIndex:
             except Exception as e:  # unreadable cache: rebuild from SQLite
                 log.warning("vector index %s unreadable (%s); rebuilding from the database", self.path, e)
         ids = set(self.index.get_ids_list()) if self.index is not None else set()
-        nodes = self.store.db.execute("SELECT id FROM nodes WHERE conversation_id=?", (self.conv,)).fetchall()
-        db_ids = {int(r[0]) for r in nodes}
-        gone = {int(r[0]) for r in self.store.db.execute(
-            "SELECT node_id FROM index_tombstones WHERE conversation_id=?", (self.conv,))} & ids
+        db_ids = set(self.store.node_ids(self.conv))
+        gone = self.store.tombstones(self.conv) & ids
         if self.index is not None and not (ids - gone) <= db_ids:
             log.warning("vector index %s holds nodes the database does not; rebuilding", self.path)
             self.index, ids, gone = None, set(), set()
@@ -129,8 +127,7 @@ class VectorIndex:
 
     def rebuild(self) -> None:
         """A fresh graph from the embeddings SQLite holds; the conversation's tombstones are cleared."""
-        rows = self.store.db.execute("SELECT id, embedding FROM nodes WHERE conversation_id=? AND embedding "
-                                     "IS NOT NULL ORDER BY id", (self.conv,)).fetchall()
+        rows = self.store.embeddings(self.conv)
         self.index = self._new(max(self.initial_capacity, 2 * len(rows)))
         self._deleted = set()
         if rows:
@@ -138,8 +135,7 @@ class VectorIndex:
             self.add([int(r[0]) for r in rows], vecs, autosave=False)
         self._unsaved = max(self._unsaved, 1)
         self.save()
-        with self.store.transaction():
-            self.store.db.execute("DELETE FROM index_tombstones WHERE conversation_id=?", (self.conv,))
+        self.store.clear_tombstones(self.conv)
 
     def add(self, ids: list[int], vecs: np.ndarray, autosave: bool = True) -> None:
         need = self.index.get_current_count() + len(ids)

@@ -45,10 +45,26 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class Sources:
+    """What a read may consult, and nothing else of the memory: the store and the vector index of its
+    conversation, the runtime config, the ablation switches, the tagger, and the embedder (with the
+    question's embedding when localization computed it already)."""
+
+    store: Any
+    conv: str
+    cfg: dict
+    ablation: dict
+    tagger: Any
+    index: Any
+    embed: Callable[[str], Any]
+    last_query_embedding: tuple[str, Any] | None = None
+
+
+@dataclass
 class Read:
     """One read in progress: the question, the routed trajectory, the packer, what layers share."""
 
-    mem: Any  # ArborMemory (not imported: memory.py imports this module)
+    src: Sources
     question: str
     loc: "Localization"
     packer: BudgetPacker
@@ -59,11 +75,11 @@ class Read:
 
     @property
     def cc(self) -> dict:
-        return self.mem.cfg["context"]
+        return self.src.cfg["context"]
 
     @property
     def abl(self) -> dict:
-        return self.mem.ablation
+        return self.src.ablation
 
     @property
     def structured(self) -> bool:
@@ -75,8 +91,8 @@ class Read:
 
     @cached_property
     def query_embedding(self):
-        last = getattr(self.mem, "_last_query_embedding", None)  # localize embedded the question already
-        return last[1] if last is not None and last[0] == self.question else self.mem.embed(self.question)
+        last = self.src.last_query_embedding  # localize embedded the question already
+        return last[1] if last is not None and last[0] == self.question else self.src.embed(self.question)
 
     def relevant(self, text: str, extra: list[str] = ()) -> float:
         """Share of the question's stems found in the text (and extra terms)."""
@@ -87,7 +103,7 @@ class Read:
         """What the multi-intent turns among these nodes carried across their links
         (`revision.resolve_links`): the records each wrote that its own text does not state, as a suffix
         its line gains, so the read that shows the turn also shows the value it took (one hop)."""
-        st = self.mem.store
+        st = self.src.store
         linked = sorted({a for a, _, _ in st.links_from([n.id for n in nodes])})
         by_id = {n.id: n for n in nodes}
         out = {}
@@ -106,8 +122,8 @@ class Read:
     def matched_events(self) -> list:
         if not self.structured:
             return []
-        cc, st = self.cc, self.mem.store
-        return [e for e in st.search_events(self.mem.conv, self.question, cc["evidence_k"])
+        cc, st = self.cc, self.src.store
+        return [e for e in st.search_events(self.src.conv, self.question, cc["evidence_k"])
                 if self.relevant(f"{e.subject} {e.action} {e.category} {e.text}", e.entities) >= cc["event_match"]
                 and self.about_asked(e.subject)]
 
@@ -118,7 +134,7 @@ class Read:
             return [], []
         cc = self.cc
         update_lines, state_lines = [], []
-        for chain in self.mem.store.search_records(self.mem.conv, self.question, cc["evidence_k"], cc["max_versions"]):
+        for chain in self.src.store.search_records(self.src.conv, self.question, cc["evidence_k"], cc["max_versions"]):
             r = chain[-1]
             if self.relevant(f"{r.key.replace('_', ' ')} {r.value} {r.subject}", r.entities) < cc["record_match"]:
                 continue
@@ -200,7 +216,7 @@ def secondary_path(r: Read, cap: int) -> Block | None:
     link, the linked state of an incoming one) they hold, each weighted by 1 / the number of that
     trajectory's turns holding it (newest first among equals), and packed in that order, each raw or, when
     that does not fit, its user text alone; the block lists them in conversation order."""
-    st = r.mem.store
+    st = r.src.store
     on_path = {n.id for n in r.path}
     ids = [n.id for n in r.path]
     texts = {n.id: n.user_text for n in r.path}
@@ -213,7 +229,7 @@ def secondary_path(r: Read, cap: int) -> Block | None:
     scored: dict[int, tuple[float, "Node"]] = {}
     for target, link_text in targets:
         want = stems(r.question + " " + link_text)
-        nodes = [n for n in r.mem.store.trajectory(target, r.cc["max_path_nodes"]) if n.id not in on_path]
+        nodes = [n for n in r.src.store.trajectory(target, r.cc["max_path_nodes"]) if n.id not in on_path]
         words = {n.id: stems(n.user_text + " " + n.assistant_text) for n in nodes}
         df: dict[str, int] = {}
         for w in words.values():
@@ -246,9 +262,9 @@ def atomic_facts(r: Read, cap: int) -> Block | None:
     if not r.abl["atomic_facts"]:
         return None
     cc = r.cc
-    q_tags = set(r.mem.tagger.predict([r.question])[0]) if cc["filter_facts_by_tag"] else set()
+    q_tags = set(r.src.tagger.predict([r.question])[0]) if cc["filter_facts_by_tag"] else set()
     lines = []
-    for f, _ in r.mem.store.search_facts(r.mem.conv, r.question, cc["fact_k"]):
+    for f, _ in r.src.store.search_facts(r.src.conv, r.question, cc["fact_k"]):
         if f.superseded_by is not None:
             continue
         if q_tags and f.tags and not (q_tags & set(f.tags)):
@@ -267,7 +283,7 @@ def artifacts(r: Read, cap: int) -> Block | None:
     if not r.structured:
         return None
     cc = r.cc
-    arts = r.mem.store.search_artifacts(r.mem.conv, r.question, cc["evidence_k"])
+    arts = r.src.store.search_artifacts(r.src.conv, r.question, cc["evidence_k"])
     if "previous" not in r.intents:
         arts = [a for a in arts if a.superseded_by is None]
     lines = []
@@ -297,13 +313,13 @@ RAW_BLOCKS = {"PrimaryPath", "SecondaryPath", "Supplemental"}  # blocks whose li
 def supplemental_hits(r: Read, k: int) -> list[int]:
     """Node ids for the supplemental layer, best first: BM25 (`supplemental_rank: keyword`), or BM25 and
     the vector index fused by reciprocal rank (`hybrid`, recall.rrf_k)."""
-    st = r.mem.store
-    kw = st.keyword_search(r.mem.conv, r.question, k)
+    st = r.src.store
+    kw = st.keyword_search(r.src.conv, r.question, k)
     if r.cc.get("supplemental_rank", "keyword") == "keyword":
         return [nid for nid, _ in kw]
-    rrf_k = float(r.mem.cfg["recall"]["rrf_k"])
+    rrf_k = float(r.src.cfg["recall"]["rrf_k"])
     fused: dict[int, float] = {}
-    for hits in (kw, r.mem.index.search(r.query_embedding, k)):
+    for hits in (kw, r.src.index.search(r.query_embedding, k)):
         for rank, (nid, _) in enumerate(hits):
             fused[nid] = fused.get(nid, 0.0) + 1.0 / (rrf_k + rank + 1)
     return sorted(fused, key=lambda n: -fused[n])
@@ -314,7 +330,7 @@ def supplemental(r: Read, cap: int) -> Block | None:
     so it never displaces the routed history)."""
     if cap <= 0:
         return None
-    cc, st = r.cc, r.mem.store
+    cc, st = r.cc, r.src.store
     rule = cc.get("supplemental_match", "entity")
     hits = [nid for nid in supplemental_hits(r, int(cc["supplemental_k"])) if nid not in r.shown]
     nodes = st.get_nodes(hits)

@@ -475,6 +475,38 @@ class Store:
     def add_provenance(self, node_id: int, kind: str, item_id: int) -> None:
         self.db.execute("INSERT OR IGNORE INTO provenance VALUES(?,?,?)", (node_id, kind, item_id))
 
+    def root_topic(self, root_id: int) -> str | None:
+        """The topic anchor a branch root has in the root index, or None."""
+        row = self.db.execute("SELECT topic FROM root_fts WHERE rowid=?", (root_id,)).fetchone()
+        return row[0] if row else None
+
+    def branch_entities(self, root_id: int) -> Iterator[list[str]]:
+        """The entities of a branch's nodes, in commit order."""
+        for (ents,) in self.db.execute("SELECT entities FROM nodes WHERE root_id=? ORDER BY seq", (root_id,)):
+            yield json.loads(ents)
+
+    def node_ids(self, conv: str) -> list[int]:
+        """Every node id of a conversation, in id order."""
+        return [int(r[0]) for r in self.db.execute("SELECT id FROM nodes WHERE conversation_id=? ORDER BY id", (conv,))]
+
+    def embeddings(self, conv: str) -> list[tuple[int, bytes]]:
+        """(node id, stored embedding bytes) of a conversation's embedded nodes, in id order."""
+        return [(int(r[0]), r[1]) for r in self.db.execute(
+            "SELECT id, embedding FROM nodes WHERE conversation_id=? AND embedding IS NOT NULL ORDER BY id", (conv,))]
+
+    def tombstones(self, conv: str) -> set[int]:
+        """Node ids forgotten in SQLite whose vectors a saved index may still hold."""
+        return {int(r[0]) for r in self.db.execute(
+            "SELECT node_id FROM index_tombstones WHERE conversation_id=?", (conv,))}
+
+    def clear_tombstones(self, conv: str) -> None:
+        with self.transaction():
+            self.db.execute("DELETE FROM index_tombstones WHERE conversation_id=?", (conv,))
+
+    def checkpoint(self) -> int:
+        """Truncate the write-ahead log into the file; 1 when a reader's snapshot kept it busy."""
+        return int(self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0])
+
     def set_root_topic(self, conv: str, root_id: int, topic: str) -> None:
         self.db.execute("DELETE FROM root_fts WHERE rowid=?", (root_id,))
         self.db.execute("INSERT INTO root_fts(rowid, conv, topic) VALUES(?,?,?)",
@@ -515,6 +547,21 @@ class Store:
         row = self.db.execute(f"SELECT {_NODE_COLS} FROM nodes WHERE conversation_id=? ORDER BY seq DESC LIMIT 1",
                               (conv,)).fetchone()
         return self._node(row) if row else None
+
+    def conversations(self) -> dict[str, int]:
+        """Every conversation of the file and its node count, by id."""
+        return {c: n for c, n in self.db.execute(
+            "SELECT conversation_id, COUNT(*) FROM nodes GROUP BY conversation_id ORDER BY 1")}
+
+    def reset(self) -> dict[str, int]:
+        """Empty the file in one transaction (the writer lock held): every conversation, every table but the
+        schema version. Returns the node counts removed, by conversation."""
+        removed = self.conversations()
+        with self.transaction():
+            for table in DATA_TABLES[1:] + tuple(FTS_TABLES):
+                self.db.execute(f"DELETE FROM {table}")
+            self.db.execute("DELETE FROM meta WHERE key != 'schema_version'")
+        return removed
 
     def speakers(self, conv: str) -> set[str]:
         return {r[0] for r in self.db.execute(

@@ -30,7 +30,7 @@ def candidate_row(c, turn_of: dict[int, int], recalled: bool = True) -> dict:
 
 def gold_candidate(mem: ArborMemory, node_id: int, turn_of: dict[int, int], now: str | None = None) -> dict:
     """A gold state recall missed, as a candidate row (with the group-chat fields the runtime would give it)."""
-    from arbor_train.runtime.memory import group_features
+    from arbor_train.runtime.localize import group_features
 
     n = mem.store.get_node(node_id)
     return {"turn": turn_of[node_id], "topic_key": n.topic_key, "path_summary": n.path_summary,

@@ -9,7 +9,6 @@ routing accuracy, the share of labelled turns routed to a gold parent."""
 from __future__ import annotations
 
 import time
-from collections import Counter
 from typing import Any
 
 from arbor_train.errors import ConfigError, parse_float, parse_int
@@ -55,17 +54,12 @@ def replay(unit, method, answers, judge, c: dict) -> tuple[list[dict], list[dict
     return recs, []
 
 
-def summarize(recs: list[dict], _: list[dict]) -> dict[str, Any]:
-    from arbor_train.scoring.irc import score_links
+def summarize(recs: list[dict], turns: list[dict]) -> dict[str, Any]:
+    """The reply-structure metrics of the IRC protocol (the records have its shape), and routing accuracy."""
+    from .irc import summarize as link_metrics
 
-    by_conv: dict[str, tuple[dict, dict]] = {}
-    for r in recs:
-        gold, pred = by_conv.setdefault(r["file"], ({}, {}))
-        gold[r["line"]], pred[r["line"]] = set(r["gold"]), set(r["pred"])
-    out = score_links([(name, g, p) for name, (g, p) in sorted(by_conv.items())])
+    out = link_metrics(recs, turns)
     out["routing_accuracy"] = round(sum(r["pred"][0] in r["gold"] for r in recs) / max(1, len(recs)), 4)
-    out["routes"] = dict(Counter(r["route"] for r in recs))
-    out["ingest_s_per_turn"] = round(sum(r["ingest_s"] for r in recs) / max(1, len(recs)), 5)
     return out
 
 

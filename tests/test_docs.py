@@ -1,0 +1,209 @@
+"""The front door and the docs: the README stays short and leads to the three tasks, every link and picture
+resolves, every published table equals the file its config generated, every table config runs at smoke
+size, and every tutorial command runs at smoke size (slow tier)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from arbor_train.paths import CONF_DIR, REPO_ROOT
+
+DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
+GENERATED = REPO_ROOT / "docs" / "results" / "generated"
+TABLE_BLOCK = re.compile(r"<!-- table: (\w+) -->\n(.*?)<!-- /table -->", re.S)
+
+
+def table_names() -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / "table").glob("*.yaml"))
+
+
+def test_the_readme_is_a_short_front_door():
+    lines = (REPO_ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 300, len(lines)
+    first = "\n".join(lines[:100])
+    # the three tasks, each with the command that does it, within the first 100 lines
+    assert "python -m eval.pipeline" in first
+    assert "python -m data_gen.conversations input=" in first and "experiment=reranker_minilm_conversations_cpu" in first
+    assert "ArborMemory.open(" in first and "runtime.reranker.bundle.path=" in first
+    assert "python -m eval.compare table=" in first
+
+
+def test_every_link_and_picture_in_the_docs_resolves():
+    from PIL import Image
+
+    missing = []
+    for doc in DOCS:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
+            if re.match(r"[a-z]+://", target):
+                continue
+            p = (doc.parent / target).resolve()
+            if not p.exists():
+                missing.append(f"{doc.relative_to(REPO_ROOT)} -> {target}")
+            elif p.suffix == ".png":
+                with Image.open(p) as im:
+                    im.load()
+                    assert im.width > 100 and im.height > 100, target
+    assert not missing, missing
+
+
+def test_every_docs_table_equals_its_generated_file():
+    seen = set()
+    for doc in DOCS:
+        for name, body in TABLE_BLOCK.findall(doc.read_text()):
+            gen = GENERATED / name / "table.md"
+            assert gen.exists(), f"{doc.relative_to(REPO_ROOT)} includes table {name}, never generated"
+            assert body.strip() == gen.read_text().strip(), (
+                f"{doc.relative_to(REPO_ROOT)}: table {name} differs from {gen.relative_to(REPO_ROOT)} "
+                f"(rerun python -m eval.compare table={name} and copy its table.md)")
+            seen.add(name)
+    assert seen, "no docs page includes a generated table"
+
+
+@pytest.mark.parametrize("name", table_names())
+def test_every_table_config_was_generated_by_its_command_and_shown_on_its_page(name):
+    from eval.tables import load
+
+    t = load(name)
+    meta = json.loads((GENERATED / name / "meta.json").read_text())
+    assert meta["command"] == f"python -m eval.compare table={name}" and meta["table"] == name
+    assert meta["wall_s"] > 0 and meta["commit"] and meta["versions"]["torch"]
+    page = (REPO_ROOT / t["page"]).read_text()
+    assert f"<!-- table: {name} -->" in page, f"{t['page']} does not include table {name}"
+
+
+def test_a_table_refuses_to_start_without_its_inputs_and_names_the_commands(tmp_path):
+    from arbor_train.errors import MissingInputError, UserError
+    from eval.tables import run_table
+
+    with pytest.raises(MissingInputError, match=r"table=own_conversations needs outputs/bundles/my_router; make it "
+                                                 r"with: python -m data_gen.conversations"):
+        if Path("outputs/bundles/my_router").exists():
+            pytest.skip("the tutorial's bundle exists in this checkout")
+        run_table("own_conversations", [], tmp_path / "t")
+    with pytest.raises(UserError, match=r"option table='nope': no conf/table/nope.yaml \(tables: "):
+        run_table("nope", [], tmp_path / "n")
+
+
+SMOKE_TABLES = [n for n in table_names() if n in ("formal_methods", "formal_ablations")]
+
+
+@pytest.mark.parametrize("name", SMOKE_TABLES)
+def test_every_eval_table_runs_at_smoke_size(name, smoke_data, tmp_path):
+    """The table's own rows on the smoke set, one session: the table, results, meta and plots are written
+    to --out, never to the published folder."""
+    from eval.tables import load, run_table
+
+    t = load(name)
+    before = (GENERATED / name / "table.md").read_text()
+    res = run_table(name, [*t["smoke"], f"data_dir={smoke_data}"], tmp_path / name)
+    table = (tmp_path / name / "table.md").read_text()
+    assert len(res["rows"]) == len(t["rows"]) * len(t["budgets"])
+    assert [line.split("|")[1].strip() for line in table.splitlines()[2:]] == list(t["rows"])
+    meta = json.loads((tmp_path / name / "meta.json").read_text())
+    assert meta["command"].startswith(f"python -m eval.compare table={name} max_sessions=1")
+    assert (GENERATED / name / "table.md").read_text() == before
+
+
+# ---------------------------------------------------------------------- tutorials at smoke size
+TUTORIALS = ["own_conversations", "plug_a_bundle", "reproduce_a_table", "add_a_benchmark", "add_a_read_layer"]
+SMOKE = {  # appended to a tutorial's command by module, so it runs in seconds
+    "arbor_train.train": ["trainer.max_steps=2", "data.max_val_examples=16", "task.compare_baselines=false",
+                          "logger=csv"],
+    "eval.compare": ["max_sessions=1"],
+    "eval.run": ["max_sessions=1"],
+}
+
+
+def blocks(name: str, lang: str) -> list[str]:
+    text = (REPO_ROOT / "docs" / "tutorials" / f"{name}.md").read_text()
+    return re.findall(rf"```{lang}\n(.*?)```", text, re.S)
+
+
+def smoke_command(line: str, tmp: Path) -> list[str]:
+    argv = shlex.split(line)
+    assert argv[:2] == ["python", "-m"], line
+    module = argv[2]
+    extra = list(SMOKE.get(module, []))
+    if module == "eval.compare" and argv[3].startswith("table="):
+        extra += ["--out", str(tmp / "tables" / argv[3].split("=", 1)[1])]
+    if module == "eval.compare" and argv[3] == "grid":
+        extra = [e for e in extra if e != "max_sessions=1"]  # a conversations grid reads held-out conversations whole
+    return [sys.executable, *argv[1:], *extra]
+
+
+@pytest.mark.slow
+def test_every_tutorial_command_runs_at_smoke_size(tmp_path):
+    """Each tutorial's bash and python blocks, in order, in a scratch folder that sees the repository's docs
+    and conf: outputs/ lands in the scratch folder. Training is cut to 2 steps."""
+    (tmp_path / "docs").symlink_to(REPO_ROOT / "docs")
+    env = dict(os.environ, WANDB_MODE="offline", ARBOR_OUTPUT_ROOT=str(tmp_path / "outputs"))
+    ran = []
+    for name in TUTORIALS:
+        for block in blocks(name, "bash"):
+            for line in block.strip().splitlines():
+                if not line.strip() or line.startswith("#"):
+                    continue
+                cmd = smoke_command(line, tmp_path)
+                p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+                assert p.returncode == 0, f"{name}: {line}\n{p.stderr[-3000:]}"
+                ran.append(line)
+        for code in blocks(name, "python"):
+            p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                               timeout=600)
+            assert p.returncode == 0, f"{name}: python block\n{p.stderr[-3000:]}"
+            ran.append(code)
+    assert (tmp_path / "outputs" / "bundles" / "my_router" / "manifest.json").exists()
+    assert (tmp_path / "outputs" / "memory" / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(ran) >= 10
+    # the tutorial's table config runs on the bundle the tutorial made (smoke size: its 2-step router)
+    out = tmp_path / "tables" / "own_conversations"
+    p = subprocess.run([sys.executable, "-m", "eval.compare", "table=own_conversations", "--out", str(out)],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads((out / "results.json").read_text())
+    assert [r["row"] for r in rows] == ["tuned router (my_router)", "heuristic router", "previous turn"]
+    assert all(r["messages"] == rows[0]["messages"] > 0 for r in rows)
+
+
+def pipeline_commands() -> list[list[str]]:
+    """The main-job commands of the first-run tutorial (bash and text blocks), as override lists."""
+    text = (REPO_ROOT / "docs" / "tutorials" / "first_run.md").read_text()
+    out = []
+    for block in re.findall(r"```(?:bash|text)\n(.*?)```", text, re.S):
+        for cmd in block.replace("\\\n", " ").splitlines():
+            argv = shlex.split(cmd, comments=True)
+            if argv[:3] == ["python", "-m", "eval.pipeline"]:
+                out.append(argv[3:])
+    return out
+
+
+def test_every_main_job_command_of_the_tutorial_plans(tmp_path):
+    """Each command composes and plans its stages (the default one runs end to end on tiny models in
+    tests/test_pipeline.py; these change options of it, and one needs a GPU cluster)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from eval.pipeline import check_options, plan
+
+    cmds = pipeline_commands()
+    assert len(cmds) >= 7 and [] in cmds
+    for argv in cmds:
+        argv = [a for a in argv if not a.startswith("out=")] + [f"out={tmp_path / 'p'}"]
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            c = OmegaConf.to_container(compose(config_name="pipeline", overrides=argv), resolve=True)
+        check_options(c)
+        stages = {s.name: s for s in plan(c)}
+        assert "report" in stages, argv
+        if any("launcher=" in a for a in argv):
+            assert stages["train_extractor"].argv[0] == "sbatch" and "slurm/train.sbatch" in stages["train_extractor"].argv
+            assert "experiment=extractor_qwen3_30b_a3b_fsdp" in stages["train_extractor"].command()
+        if "eval.budget=512" in argv:
+            assert all("budget=512" in s.command() for n, s in stages.items() if n.startswith("eval_answer_"))
