@@ -34,7 +34,7 @@ def collect(paths: list[str | Path]) -> list[dict]:
     return rows
 
 
-def _fmt(v) -> str:
+def fmt_value(v) -> str:
     if v is None:
         return "—"
     if isinstance(v, float):
@@ -46,7 +46,7 @@ def table(rows: list[dict]) -> str:
     cols = [c for c in COLUMNS if any(r.get(c) is not None for r in rows)] + ["run"]
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in sorted(rows, key=lambda r: (r.get("method", ""), r.get("ablation", ""), r.get("budget", 0))):
-        out.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
+        out.append("| " + " | ".join(fmt_value(r.get(c)) for c in cols) + " |")
     return "\n".join(out) + "\n"
 
 
@@ -77,11 +77,11 @@ def accuracy_table(rows: list[dict]) -> str:
            + " | " + " | ".join(types) + " | " + " / ".join(c.replace("_", " ") for c in ERROR_CATEGORIES) + " |",
            "|---|---|---:|---|---:|" + "---:|" * (len(dims) + len(types)) + "---|"]
     for r in sorted(rows, key=lambda r: (str(r.get("reader")), label(r), r.get("ablation", ""), r.get("budget", 0))):
-        cells = [_fmt(r["accuracy_by_dimension"].get(d)) for d in dims]
-        cells += [_fmt((r.get("accuracy_by_type") or {}).get(t)) for t in types]
+        cells = [fmt_value(r["accuracy_by_dimension"].get(d)) for d in dims]
+        cells += [fmt_value((r.get("accuracy_by_type") or {}).get(t)) for t in types]
         errs = " / ".join(str((r.get("errors") or {}).get(c, 0)) for c in ERROR_CATEGORIES)
         out.append(f"| {label(r)} | {r.get('ablation')} | {r.get('budget')} | {r.get('reader')} | "
-                   f"{_fmt(r.get('accuracy'))} | " + " | ".join(cells) + f" | {errs} |")
+                   f"{fmt_value(r.get('accuracy'))} | " + " | ".join(cells) + f" | {errs} |")
     return "\n".join(out) + "\n"
 
 
@@ -95,9 +95,9 @@ def category_table(rows: list[dict]) -> str:
            "|---|---:|" + "---:|" * (len(cats) + 1)]
     for r in sorted(rows, key=lambda r: (label(r), r.get("budget", 0))):
         ev, tok = r["evidence_recall_by_category"], r.get("answer_token_recall_by_category") or {}
-        cells = [f"{_fmt(ev.get(c))} / {_fmt(tok.get(c))}" for c in cats]
+        cells = [f"{fmt_value(ev.get(c))} / {fmt_value(tok.get(c))}" for c in cats]
         out.append(f"| {label(r)} | {r.get('budget')} | " + " | ".join(cells)
-                   + f" | {_fmt(r.get('evidence_recall'))} / {_fmt(r.get('answer_token_recall'))} |")
+                   + f" | {fmt_value(r.get('evidence_recall'))} / {fmt_value(r.get('answer_token_recall'))} |")
     return "\n".join(out) + "\n"
 
 
@@ -122,7 +122,7 @@ def specificity_table(rows: list[dict]) -> str:
     keys = ("gold_in_context", "confounder_in_context", "gold_without_confounder", "state_localization") + (
         ("primary_gold_only",) if primary else ()) + (("accuracy",) if answered else ())
     for r in sorted(rows, key=lambda r: (label(r), r.get("ablation", ""), r.get("budget", 0))):
-        cells = [" / ".join(_fmt(r["by_specificity"][lv].get(k)) for k in keys) if lv in r["by_specificity"] else "—"
+        cells = [" / ".join(fmt_value(r["by_specificity"][lv].get(k)) for k in keys) if lv in r["by_specificity"] else "—"
                  for lv in levels]
         out.append(f"| {label(r)} | {r.get('ablation', 'full')} | {r.get('budget')} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
@@ -144,7 +144,7 @@ def multi_intent_table(rows: list[dict]) -> str:
         cells = [m.get(k) for k in ("turns", "primary", "secondary", "joined", "single_intent_linked")] + [r.get("routing_ece")]
         cells += [m.get(k) for k in ("questions", "gold_in_context", "confounder_in_context", "gold_without_confounder",
                                      "accuracy")]
-        out.append(f"| {label(r)} | {r.get('ablation', 'full')} | {r.get('budget')} | " + " | ".join(_fmt(c) for c in cells) + " |")
+        out.append(f"| {label(r)} | {r.get('ablation', 'full')} | {r.get('budget')} | " + " | ".join(fmt_value(c) for c in cells) + " |")
     return "\n".join(out) + "\n"
 
 

@@ -78,7 +78,7 @@ def missing_inputs(t: dict, overrides: list[str]) -> list[dict]:
 
 def render(t: dict, rows: list[dict]) -> str:
     """The markdown table: one line per row and budget, the config's columns."""
-    from .report import _fmt
+    from .report import fmt_value
 
     cols = t["columns"]
     several = len(t["budgets"]) > 1
@@ -86,7 +86,7 @@ def render(t: dict, rows: list[dict]) -> str:
     out = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for r in rows:
         out.append("| " + " | ".join([r["row"], *([str(r["budget"])] if several else []),
-                                      *(_fmt(r.get(c)) for c in cols)]) + " |")
+                                      *(fmt_value(r.get(c)) for c in cols)]) + " |")
     return "\n".join(out) + "\n"
 
 

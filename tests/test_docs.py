@@ -207,3 +207,20 @@ def test_every_main_job_command_of_the_tutorial_plans(tmp_path):
             assert "experiment=extractor_qwen3_30b_a3b_fsdp" in stages["train_extractor"].command()
         if "eval.budget=512" in argv:
             assert all("budget=512" in s.command() for n, s in stages.items() if n.startswith("eval_answer_"))
+
+
+def test_the_main_job_ran_within_its_budget_and_its_headline_says_something():
+    """The published main job: its stages took under 30 minutes on this 2-core machine, every headline row
+    answered the same questions (all of the formal set), and each comparison carries its paired interval."""
+    meta = json.loads((GENERATED / "main_job" / "meta.json").read_text())
+    assert 0 < meta["pipeline_stages_wall_s"] < 1800
+    rows = json.loads((GENERATED / "main_job" / "results.json").read_text())
+    assert [r["row"] for r in rows] == ["runtime", "heuristic", "bm25", "dense", "untuned"]
+    assert {r["questions"] for r in rows} == {100}
+    for r in rows[1:]:
+        lo, hi = r["diff_ci"]
+        assert lo <= r["difference"] <= hi and 0 <= r["sign_test_p"] <= 1 and r["vs"] == "runtime"
+    # the README's reading: the lead over BM25, dense and the untuned reader is real, over the heuristic it is not
+    by = {r["row"]: r for r in rows}
+    assert all(by[r]["diff_ci"][0] > 0 for r in ("bm25", "dense", "untuned"))
+    assert by["heuristic"]["diff_ci"][0] < 0 < by["heuristic"]["diff_ci"][1]

@@ -122,7 +122,7 @@ def test_ablation_removes_the_forest(smoke_data, tmp_path):
 
 
 @pytest.mark.parametrize("overrides, msg", [
-    (["benchmark=bfcl"], "option benchmark must be one of branchmem, locomo, longmemeval, beam, irc; got 'bfcl'"),
+    (["benchmark=bfcl"], "option benchmark must be one of branchmem, locomo, longmemeval, beam, irc, conversations; got 'bfcl'"),
     (["method=magic"], "option method"),
     (["budget=10"], "smaller than the fixed prompt"),
     (["budget=lots"], "option budget must be an integer, got 'lots'"),
@@ -408,7 +408,7 @@ def test_every_benchmark_is_registered_once_with_its_whole_protocol():
     from eval.protocols import BENCHMARKS, PROTOCOLS
     from eval.protocols.base import Protocol
 
-    assert BENCHMARKS == ("branchmem", "locomo", "longmemeval", "beam", "irc")
+    assert BENCHMARKS == ("branchmem", "locomo", "longmemeval", "beam", "irc", "conversations")
     for name, p in PROTOCOLS.items():
         assert isinstance(p, Protocol) and p.name == name
         assert all(callable(f) for f in (p.check, p.load, p.unit_id, p.replay, p.summarize))

