@@ -83,11 +83,14 @@ def test_a_table_refuses_to_start_without_its_inputs_and_names_the_commands(tmp_
     from arbor_train.errors import MissingInputError, UserError
     from eval.tables import run_table
 
-    with pytest.raises(MissingInputError, match=r"table=own_conversations needs outputs/bundles/my_router; make it "
-                                                 r"with: python -m data_gen.conversations"):
-        if Path("outputs/bundles/my_router").exists():
-            pytest.skip("the tutorial's bundle exists in this checkout")
-        run_table("own_conversations", [], tmp_path / "t")
+    with pytest.raises(MissingInputError, match=r"table=formal_methods needs outputs/data/branchmem_formal_seed0; "
+                                                 r"make it with: python -m data_gen.branchmem preset=formal seed=0"):
+        cwd = os.getcwd()
+        os.chdir(tmp_path)  # a fresh folder: the table's input is not there
+        try:
+            run_table("formal_methods", [], tmp_path / "t")
+        finally:
+            os.chdir(cwd)
     with pytest.raises(UserError, match=r"option table='nope': no conf/table/nope.yaml \(tables: "):
         run_table("nope", [], tmp_path / "n")
 
