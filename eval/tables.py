@@ -5,6 +5,7 @@ A table config names what the table is made of, so nobody stitches commands toge
     title: one line            page: the docs page that shows it
     kind: eval | pipeline      eval: rows x budgets through eval.run; pipeline: the main job's headline
     needs: [{path, command}]   inputs that must exist first (data sets, bundles), each with the command making it
+                               (and `option`, the eval.run option it feeds: an override of it replaces the path)
     common: [overrides]        eval.run overrides of every row (the data set, the benchmark)
     budgets: [2048]            read budgets; every row runs at each
     rows: {label: [overrides]} the rows, in order
@@ -71,9 +72,15 @@ def load(name: str) -> dict:
 
 
 def missing_inputs(t: dict, overrides: list[str]) -> list[dict]:
-    """The `needs` of a table that do not exist (a `needs` path given anew by an override is not needed)."""
-    given = " ".join(overrides)
-    return [n for n in t["needs"] if not Path(n["path"]).exists() and n["path"] not in given]
+    """The `needs` of a table that do not exist. A need that names the option it feeds (`option: data_dir`)
+    is met by an override of that option instead, when the path the override gives exists."""
+    given = dict(o.split("=", 1) for o in overrides if "=" in o)
+    out = []
+    for n in t["needs"]:
+        path = given.get(n["option"], n["path"]) if n.get("option") else n["path"]
+        if not Path(path).exists():
+            out.append(dict(n, path=path))
+    return out
 
 
 def render(t: dict, rows: list[dict]) -> str:
