@@ -9,7 +9,8 @@ A table config names what the table is made of, so nobody stitches commands toge
     common: [overrides]        eval.run overrides of every row (the data set, the benchmark)
     budgets: [2048]            read budgets; every row runs at each
     rows: {label: [overrides]} the rows, in order
-    columns: [result keys]     what the table shows of each run's results.json
+    columns: [result keys]     what the table shows of each run's results.json: a key, a dotted path into it
+                               (`by_specificity.referential.gold_in_context`), or {header: dotted path}
     smoke: [overrides]         added by the test suite to run the table at smoke size
 
 The run writes, to `docs/results/generated/<name>/` (or `--out`): `table.md` (the table the docs include:
@@ -65,10 +66,29 @@ def load(name: str) -> dict:
             raise ConfigError(f"conf/table/{name}.yaml: field 'rows' must map row labels to eval.run overrides")
         if not isinstance(t.get("columns"), list) or not t["columns"]:
             raise ConfigError(f"conf/table/{name}.yaml: field 'columns' must list results keys")
+        t["columns"] = [_column(name, c) for c in t["columns"]]
         t.setdefault("budgets", [2048])
         t.setdefault("common", [])
     t.setdefault("smoke", [])
     return t
+
+
+def _column(name: str, c) -> tuple[str, str]:
+    """A column as (header, dotted path into results.json)."""
+    if isinstance(c, str):
+        return c.replace("_", " ").replace(".", " "), c
+    if isinstance(c, dict) and len(c) == 1 and isinstance(next(iter(c.values())), str):
+        return next(iter(c.items()))
+    raise ConfigError(f"conf/table/{name}.yaml: each of 'columns' is a results key or {{header: key}}, got {c!r}")
+
+
+def value(res: dict, path: str):
+    """`res` at a dotted path (`by_specificity.partial.questions`), or None where any step is missing."""
+    for step in path.split("."):
+        if not isinstance(res, dict) or step not in res:
+            return None
+        res = res[step]
+    return res
 
 
 def missing_inputs(t: dict, overrides: list[str]) -> list[dict]:
@@ -89,11 +109,11 @@ def render(t: dict, rows: list[dict]) -> str:
 
     cols = t["columns"]
     several = len(t["budgets"]) > 1
-    head = ["row", *(["budget"] if several else []), *(c.replace("_", " ") for c in cols)]
+    head = ["row", *(["budget"] if several else []), *(h for h, _ in cols)]
     out = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for r in rows:
         out.append("| " + " | ".join([r["row"], *([str(r["budget"])] if several else []),
-                                      *(fmt_value(r.get(c)) for c in cols)]) + " |")
+                                      *(fmt_value(r.get(k)) for _, k in cols)]) + " |")
     return "\n".join(out) + "\n"
 
 
@@ -133,7 +153,7 @@ def run_eval(t: dict, overrides: list[str], runs: Path) -> list[dict]:
             with quiet():
                 res = run(cfg)
             rows.append({"row": label, "budget": b, **{k: v for k, v in res.items() if not isinstance(v, (dict, list))},
-                         **{k: res[k] for k in t["columns"] if k in res}})
+                         **{k: value(res, k) for _, k in t["columns"]}})
     return rows
 
 

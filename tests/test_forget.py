@@ -2,6 +2,7 @@
 between conversations, and SIGKILLs during a forget."""
 
 import os
+import subprocess
 import random
 import shutil
 import sys
@@ -190,6 +191,9 @@ def test_unknown_nodes_and_empty_selectors_are_refused(mem):
     with pytest.raises(UserError, match="name what to forget"):
         mem.forget()
     other = mem.for_conversation("c2")
+    with pytest.raises(UserError, match="conversation 'c2' is not in this memory; it holds 'c1'"):
+        other.forget(nodes=[1])  # a mistyped conversation id is an error, not "forgot 0 nodes"
+    commit(other, "two", None, extraction("two"))
     with pytest.raises(UserError, match="is not a node of conversation 'c2'"):
         other.forget(nodes=[1])  # another conversation's node
     assert mem.stats()["nodes"] == 1
@@ -526,3 +530,73 @@ def test_search_widens_then_narrows_when_deleted_labels_cut_the_graph(tmp_path):
     assert real.ef == 64  # the configured ef is restored
     mem.index.index = real
     mem.close()
+
+
+# ---------------------------------------------------------------------- issue #39: forget only what was asked
+SIX_TURNS = {"turns": [
+    {"user": "I'm planning a trip to Lisbon in May.", "assistant": "Nice, Lisbon in May is lovely."},
+    {"user": "My hotel budget for Lisbon is 120 euros a night.", "assistant": "Noted: 120 euros."},
+    {"user": "I hope the weather will be sunny then.", "assistant": "Fingers crossed."},
+    {"user": "Separately, my sister Ana is moving to Porto.", "assistant": "Good luck to Ana."},
+    {"user": "Ana needs a van for the Porto move.", "assistant": "A van, noted."},
+    {"user": "The Porto move is on June 2.", "assistant": "June 2 for the move."},
+]}
+
+
+def test_a_question_that_matches_no_stored_word_forgets_nothing_and_exits_2(tmp_path, capsys):
+    """Before: the read routed the question to some state and forget deleted that whole trajectory."""
+    mem = tmp_path / "m.sqlite"
+    ingest(write_json(tmp_path / "c.json", SIX_TURNS), mem)
+    before = content(mem)
+    with pytest.raises(UserError, match="nothing in conversation 'default' matches question="):
+        run(make_cfg("command=forget", f"memory={mem}", "question='zzqx wibble frobnicate?'"))
+    assert content(mem) == before
+    proc = subprocess.run([sys.executable, "-m", "arbor_train.runtime.cli", "command=forget", f"memory={mem}",
+                           "question='zzqx wibble frobnicate?'", f"hydra.run.dir={tmp_path / 'h'}"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: forget: nothing") and "Traceback" not in proc.stderr
+    assert content(mem) == before
+
+
+def test_forget_by_question_takes_only_the_cited_nodes_that_match_it(tmp_path):
+    """Before: every node the read cited went, the whole trajectory, whether or not it matched."""
+    mem_path = tmp_path / "m.sqlite"
+    ingest(write_json(tmp_path / "c.json", SIX_TURNS), mem_path)
+    m = ArborMemory.open(mem_path, "default", default_config())
+    try:
+        q = "When does Ana need the van?"
+        cited = m.read(q)[1].node_ids
+        texts = {n.id: n.user_text for n in m.nodes()}
+        rep = m.forget(question=q)
+        left = {n.user_text for n in m.nodes()}
+    finally:
+        m.close()
+    june = next(i for i, t in texts.items() if t.startswith("The Porto move is on June 2"))
+    assert june in cited  # the read cites the whole trajectory ...
+    assert set(rep.node_ids) <= cited and "Ana needs a van for the Porto move." not in left
+    assert texts[june] in left  # ... but a turn holding no word and no name of the question stays
+    assert "My hotel budget for Lisbon is 120 euros a night." in left
+
+
+def test_an_entity_forget_of_most_of_a_conversation_needs_force(tmp_path):
+    mem_path = tmp_path / "m.sqlite"
+    ingest(write_json(tmp_path / "c.json", {"turns": [
+        {"user": f"Lisbon note {i}: the tram is yellow."} for i in range(4)] + [{"user": "Porto is north."}]}), mem_path)
+    before = content(mem_path)
+    with pytest.raises(UserError, match=r"entity= would take 4 of the 5 nodes .* force=true"):
+        run(make_cfg("command=forget", f"memory={mem_path}", "entity=Lisbon"))
+    assert content(mem_path) == before
+    dry = run(make_cfg("command=forget", f"memory={mem_path}", "entity=Lisbon", "dry_run=true"))
+    assert dry["counts"]["nodes"] == 4 and content(mem_path) == before
+    done = run(make_cfg("command=forget", f"memory={mem_path}", "entity=Lisbon", "force=true"))
+    assert done["counts"]["nodes"] == 4 and done["counts_after"]["nodes"] == 1
+
+
+def test_forget_in_a_mistyped_conversation_is_an_error(tmp_path):
+    """Before: 'forgot 0 nodes', exit 0."""
+    mem = tmp_path / "m.sqlite"
+    ingest(write_json(tmp_path / "c.json", SIX_TURNS), mem)
+    before = content(mem)
+    with pytest.raises(UserError, match="conversation 'defualt' is not in this memory; it holds 'default'"):
+        run(make_cfg("command=forget", f"memory={mem}", "conversation_id=defualt", "entity=Lisbon"))
+    assert content(mem) == before

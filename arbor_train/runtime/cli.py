@@ -272,10 +272,12 @@ def _forget(cfg: DictConfig) -> dict:
         raise ConfigError("command=forget needs what to forget: nodes=[ids], branch=ID, entity=NAME or "
                           "question='...' (and dry_run=true to see the counts first)")
     dry_run = parse_bool(_opt(cfg, "dry_run"), "dry_run")
+    force = parse_bool(_opt(cfg, "force"), "force")
     path = _memory_path(cfg, must_exist=True)
     mem = _open(cfg, path, _conversation(cfg))
     try:
-        report = mem.forget(nodes=nodes, branch=branch, entity=entity, question=question, dry_run=dry_run)
+        report = mem.forget(nodes=nodes, branch=branch, entity=entity, question=question, dry_run=dry_run,
+                            force=force)
         counts = mem.stats()
     finally:
         mem.close()

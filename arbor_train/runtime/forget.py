@@ -3,8 +3,19 @@
     report = mem.forget(nodes=[12, 13])            # by node id
     report = mem.forget(branch=4)                  # a node and everything below it (a root: its branch)
     report = mem.forget(entity="Caroline")         # every node and derived item that mentions it
-    report = mem.forget(question="Where did Caroline go?")   # the nodes a read would cite
+    report = mem.forget(question="Where did Caroline go?")   # the nodes a read cites that match the question
     report = mem.forget(entity="Caroline", dry_run=True)     # what would go (counts only)
+
+What a selector takes (runtime.forget in conf/runtime/default.yaml):
+- `question=`: of the nodes a read of the question cites, only those that match it: a node matches when
+  its text (user and assistant text, entities, keywords) holds at least `question_min_share` of the
+  question's content words (stop words dropped, stemmed; at least one word), or a name the question names
+  (a capitalised span of the question, whole words, case-insensitive). A question that matches no node
+  forgets nothing and raises NothingMatches (the CLI exits 2): a read always cites some state, and
+  forgetting the state a question merely routed to would delete turns that never mentioned it.
+- `entity=`: every node and item that mentions it; more than `entity_max_share` of the conversation's
+  nodes needs `force=True` (a dry run shows the counts without it).
+- any selector in a conversation the memory does not hold is an error naming the conversations it has.
 
 The cascade (all in one SQLite transaction, so a killed process leaves the state before or after):
 - derived items (facts, state records, artifacts, events) whose every source is forgotten are deleted;
@@ -30,6 +41,7 @@ not the memory's size: eval/bench.py `target=forget` measures it at 1k and 10k n
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections import Counter
@@ -42,6 +54,10 @@ from .store import DERIVED_TABLES, FTS_SECURE_DELETE, FTS_TABLES, conv_token
 # `mem` below is an ArborMemory (memory.py calls in here; importing it back would be a cycle)
 
 CHUNK = 500  # ids per IN (...) query
+
+
+class NothingMatches(InputError):
+    """A forget whose selectors select nothing: nothing was changed."""
 
 
 class _DryRun(Exception):
@@ -131,8 +147,26 @@ def select(mem: "ArborMemory", nodes: list[int] | None = None, branch: int | Non
                     forced[table].add(int(iid))
     if question is not None:
         _, ctx = mem.read(str(question))
-        chosen |= ctx.node_ids
+        matches = question_match(str(question), float(mem.cfg["forget"]["question_min_share"]))
+        chosen |= {nid for nid in ctx.node_ids if matches(st.get_node(nid))}
     return chosen, forced
+
+
+def question_match(question: str, min_share: float):
+    """The rule `question=` forgets by (module docstring): a predicate over nodes."""
+    from .text import entities, stems
+
+    terms = stems(question)
+    need = max(1, math.ceil(min_share * len(terms))) if terms else None
+    names = [_mentions(e)[0] for e in entities(question) if any(ch.isalpha() for ch in e)]
+
+    def matches(n) -> bool:
+        body = " ".join([n.user_text, n.assistant_text, *n.entities, *n.keywords])
+        if need is not None and len(terms & stems(body)) >= need:
+            return True
+        return any(rx.search(body) for rx in names)
+
+    return matches
 
 
 FTS_TABLES_FOR = {base: fts for fts, base in FTS_TABLES.items() if fts != "node_fts" and fts != "root_fts"}
@@ -140,12 +174,17 @@ FTS_TABLES_FOR = {base: fts for fts, base in FTS_TABLES.items() if fts != "node_
 
 # ---------------------------------------------------------------------- the cascade
 def forget(mem: "ArborMemory", nodes: list[int] | None = None, branch: int | None = None,
-           entity: str | None = None, question: str | None = None, dry_run: bool = False) -> ForgetReport:
+           entity: str | None = None, question: str | None = None, dry_run: bool = False,
+           force: bool = False) -> ForgetReport:
     t0 = time.perf_counter()
     selectors = {k: v for k, v in (("nodes", nodes), ("branch", branch), ("entity", entity),
                                    ("question", question)) if v is not None}
     if not selectors:
         raise InputError("forget: name what to forget: nodes=[ids], branch=ID, entity=NAME or question=TEXT")
+    held = mem.store.conversations()
+    if mem.conv not in held:
+        raise InputError(f"forget: conversation {mem.conv!r} is not in this memory; it holds "
+                         + (", ".join(map(repr, held)) if held else "no conversation") + " (option conversation_id)")
     if not dry_run:
         mem.lock_for_writing()
     st = mem.store
@@ -153,6 +192,15 @@ def forget(mem: "ArborMemory", nodes: list[int] | None = None, branch: int | Non
     try:
         with st.transaction():
             chosen, forced = select(mem, nodes, branch, entity, question)
+            if not chosen and not any(forced.values()):
+                what = " and ".join(f"{k}=" for k in selectors)
+                raise NothingMatches(f"forget: nothing in conversation {mem.conv!r} matches {what} "
+                                     "(the rule: arbor_train/runtime/forget.py); nothing was forgotten")
+            share = float(mem.cfg["forget"]["entity_max_share"])
+            if entity is not None and not force and not dry_run and len(chosen) > share * held[mem.conv]:
+                raise InputError(f"forget: entity= would take {len(chosen)} of the {held[mem.conv]} nodes of "
+                                 f"conversation {mem.conv!r}, more than runtime.forget.entity_max_share={share:g}; "
+                                 "pass force=true to forget them (dry_run=true shows the counts); nothing was forgotten")
             report.node_ids = sorted(chosen)
             _cascade(mem, chosen, forced, report.counts)
             if dry_run:

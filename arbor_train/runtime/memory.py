@@ -125,12 +125,13 @@ class ArborMemory(Localizer, Committer):
 
     # ------------------------------------------------------------------ forget
     def forget(self, nodes: list[int] | None = None, branch: int | None = None, entity: str | None = None,
-               question: str | None = None, dry_run: bool = False):
+               question: str | None = None, dry_run: bool = False, force: bool = False):
         """Forget nodes (by id, by branch, by entity, or those a read of `question` cites) and everything
         derived from them, in one transaction; returns a ForgetReport (counts, never text). See forget.py."""
         from .forget import forget
 
-        return forget(self, nodes=nodes, branch=branch, entity=entity, question=question, dry_run=dry_run)
+        return forget(self, nodes=nodes, branch=branch, entity=entity, question=question, dry_run=dry_run,
+                      force=force)
 
     # ------------------------------------------------------------------ read
     def read(self, question: str, now: str | None = None, budget: int | None = None) -> tuple[Localization, Context]:
