@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import hydra
@@ -32,8 +33,10 @@ def export(run_dir: str | Path, out: str | Path, merged: bool | None = None, ove
     for need in ("adapter", "tokenizer", "role.json", "metrics.json", "config.yaml"):
         if not (final / need).exists():
             raise MissingInputError(f"run_dir={str(run_dir)!r}: final/{need} missing (did training finish?)")
-    if out.exists() and not overwrite:
-        raise OutputExistsError(f"out={str(out)!r} already exists; pass overwrite=true to replace it")
+    if out.exists() or out.is_symlink():
+        if not overwrite:
+            raise OutputExistsError(f"out={str(out)!r} already exists; pass overwrite=true to replace it")
+        _check_replaceable(out)
     train_cfg = OmegaConf.to_container(OmegaConf.load(final / "config.yaml"), resolve=True)
     role = _read_json(final / "role.json", "role")
     metrics = _read_json(final / "metrics.json", "data_fingerprint")
@@ -47,9 +50,53 @@ def export(run_dir: str | Path, out: str | Path, merged: bool | None = None, ove
     kind = r.bundle_kind(m["family"])
     tiny = bool(m.get("tiny"))
     merged = tiny if merged is None else (merged or tiny)  # an in-process base exists nowhere else: merge it
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # a folder of our own, named uniquely beside `out`: nothing a user made is ever deleted
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".export", dir=out.parent))
+    try:
+        _build(run_dir, final, tmp, train_cfg, role, metrics, m, r, kind, merged)
+        if out.exists():
+            _check_replaceable(out)  # again: it may have changed while the bundle was built
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".replaced", dir=out.parent))
+            out.rename(old / "bundle")
+            try:
+                tmp.rename(out)
+            except OSError:
+                (old / "bundle").rename(out)  # put the old bundle back: a failed export loses nothing
+                raise
+            finally:
+                if not (old / "bundle").exists():
+                    shutil.rmtree(old)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    manifest = json.loads((out / "manifest.json").read_text())
+    wandb_cfg = (train_cfg.get("logger") or {}).get("wandb")
+    if log_artifact and wandb_cfg:
+        _log_wandb_artifact(out, manifest, wandb_cfg)
+    return out
+
+
+def _check_replaceable(out: Path) -> None:
+    """overwrite=true replaces a bundle, and only a bundle: a real folder holding an arbormem-bundle manifest."""
+    mf = out / "manifest.json"
+    fmt = None
+    if out.is_dir() and not out.is_symlink() and mf.is_file():
+        try:
+            fmt = json.loads(mf.read_text(encoding="utf-8")).get("format")
+        except (ValueError, UnicodeDecodeError, AttributeError):
+            fmt = None
+    if fmt != "arbormem-bundle":
+        raise OutputExistsError(f"out={str(out)!r} exists and is not a bundle (no arbormem-bundle manifest.json"
+                                + (", it is a link" if out.is_symlink() else "") + "); overwrite=true replaces only "
+                                "a bundle, so it was left as it is: choose another out")
+
+
+def _build(run_dir: Path, final: Path, tmp: Path, train_cfg: dict, role: dict, metrics: dict, m: dict, r,
+           kind: str, merged: bool) -> None:
     shutil.copytree(final / "adapter", tmp / "adapter")
     shutil.copytree(final / "tokenizer", tmp / "tokenizer")
     if merged:
@@ -73,13 +120,6 @@ def export(run_dir: str | Path, out: str | Path, merged: bool | None = None, ove
     from .runtime.bundle import write_manifest
 
     write_manifest(tmp, manifest)
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
-    wandb_cfg = (train_cfg.get("logger") or {}).get("wandb")
-    if log_artifact and wandb_cfg:
-        _log_wandb_artifact(out, manifest, wandb_cfg)
-    return out
 
 
 def _read_json(path: Path, required: str) -> dict:

@@ -209,6 +209,23 @@ def build_trainer(c: dict, callbacks: list | None = None, loggers: list | None =
 RESUME_KEYS = ("model", "peft", "task", "data", "optim", "scheduler", "seed")
 
 
+def load_checkpoint(path: str | Path, option: str = "resume") -> dict:
+    """A Lightning checkpoint read with `weights_only=True`: tensors, containers and primitives only, so a
+    checkpoint file cannot run code when it is read. One that holds anything else, or is not a checkpoint,
+    is refused naming the file. (Lightning's own resume in `trainer.fit` reads it the same way.)"""
+    import pickle
+
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{option}={path}: not a checkpoint this toolkit reads (loaded weights-only, so a file "
+                          f"holding code or arbitrary objects is refused, not run): {first}") from None
+    if not isinstance(ck, dict) or "global_step" not in ck:
+        raise ConfigError(f"{option}={path}: not a Lightning checkpoint (no global_step)")
+    return ck
+
+
 def resume_path(c: dict, run_dir: Path) -> tuple[str, int] | None:
     """The checkpoint to resume from and its global step: `resume=auto` takes the newest one in this run
     directory.
@@ -223,13 +240,13 @@ def resume_path(c: dict, run_dir: Path) -> tuple[str, int] | None:
     if r != "auto":
         if not Path(r).exists():
             raise ConfigError(f"resume={r}: no such checkpoint")
-        return str(r), torch.load(r, map_location="cpu", weights_only=False, mmap=True)["global_step"]
+        return str(r), load_checkpoint(r)["global_step"]
     # step-*.ckpt rather than last.ckpt (a moving copy of the newest), so the path names what was resumed
     found = list(run_dir.glob("hpc_ckpt_*.ckpt")) + list((run_dir / "checkpoints").glob("step-*.ckpt"))
     if not found:
         return None
     newest = max(found, key=lambda p: p.stat().st_mtime)
-    ck = torch.load(newest, map_location="cpu", weights_only=False, mmap=True)
+    ck = load_checkpoint(newest, f"resume=auto (run_dir {run_dir})")
     saved = ck["hyper_parameters"]["config"]
     diff = [k for k in RESUME_KEYS if saved.get(k) != c.get(k)]
     if diff:
@@ -268,7 +285,7 @@ def train(cfg: DictConfig | dict) -> dict:
     if c["task"].get("compare_baselines") and not ckpt:
         results["baselines"] = role.baselines(c, built, trainer)
     t0 = time.perf_counter()
-    trainer.fit(module, train_loader, val_loader, ckpt_path=ckpt)
+    trainer.fit(module, train_loader, val_loader, ckpt_path=ckpt, weights_only=True)
     elapsed = time.perf_counter() - t0
     results.update(role.after_fit(c, built))
     trainer.validate(module, val_loader, verbose=False)

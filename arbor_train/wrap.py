@@ -46,7 +46,7 @@ def fsdp_strategy(wrap_layers: list[str], activation_checkpointing: bool = False
     import torch
 
     def _mmap_load(path):
-        return torch.load(path, mmap=True, map_location="cpu", weights_only=False)
+        return torch.load(path, mmap=True, map_location="cpu", weights_only=True)  # never runs code (train.load_checkpoint)
 
     class ArborFSDPStrategy(lfsdp.FSDPStrategy):
         def load_checkpoint(self, checkpoint_path, weights_only=None):

@@ -204,6 +204,12 @@ def load_bundle(path: str | Path, role: str | None = None, base_model: str | Non
         raise BundleError(f"{mf}: field 'prompt_template' must be {{\"name\": str, \"version\": str}}, got {tmpl}")
     if KNOWN_TEMPLATES.get(tmpl.get("name")) != tmpl.get("version"):
         raise BundleError(f"{mf}: prompt_template {tmpl} is unknown to this runtime (known: {KNOWN_TEMPLATES})")
+    root = p.resolve()
+    for field in ("tokenizer", "adapter", "merged"):  # a manifest names folders of its own bundle, nothing else
+        sub = manifest.get(field)
+        if isinstance(sub, str) and (not sub or Path(sub).is_absolute() or not (root / sub).resolve().is_relative_to(root)):
+            raise BundleError(f"{mf}: field {field!r} is {sub!r}, which is not a folder inside the bundle "
+                              f"(a bundle's files resolve inside {p}, links included)")
     if not manifest.get("adapter") and not manifest.get("merged"):
         raise BundleError(f"{mf}: one of 'adapter' or 'merged' must name a folder")
     if manifest["role"] == "tagger" and manifest["kind"] == "encoder_multilabel" and not manifest.get("labels"):
