@@ -97,3 +97,31 @@ def test_export_replaces_only_a_bundle_and_never_a_users_folder(tmp_path):
     assert load_bundle(again).role == "reranker" and first
     assert sorted(p.name for p in tmp_path.iterdir()) == \
         sorted(["bundle", "bundle.tmp", "notes", "run"])  # no temp folder of ours left behind
+
+
+def test_the_answer_cache_key_names_the_endpoint_and_the_weights(tmp_path):
+    """Before: the key held the model's name only, so one endpoint's answers were served for another's, and old
+    answers after a local model's weights changed."""
+    import time
+
+    from eval.answers import Answers
+
+    from arbor_train.runtime.llm import OpenAIEndpoint, weights_id
+
+    msgs = [{"role": "user", "content": "Where is Maria going?"}]
+    a = Answers(OpenAIEndpoint("http://127.0.0.1:8001/v1", "qwen"), 16)
+    b = Answers(OpenAIEndpoint("http://127.0.0.1:8002/v1", "qwen"), 16)
+    assert a._key(msgs) != b._key(msgs)
+    assert a._key(msgs) == Answers(OpenAIEndpoint("http://127.0.0.1:8001/v1/", "qwen"), 16)._key(msgs)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights v1")
+    (model / "notes.txt").write_text("not a weight file")
+    before = weights_id(model)
+    assert before == weights_id(model)
+    (model / "notes.txt").write_text("edited")
+    assert weights_id(model) == before  # only weight and config files count
+    time.sleep(0.01)
+    (model / "model.safetensors").write_bytes(b"weights v2")
+    assert weights_id(model) != before
+    assert weights_id("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"

@@ -226,7 +226,7 @@ class LLMExtractor:
         msgs = [extract_messages(kind, t.user_text, t.assistant_text, t.timestamp) for t in turns]
         n = self.max_new_tokens if kind != "summary" else SUMMARY_TOKENS
         cache_id = getattr(self.llm, "cache_id", None)
-        from .llm import HFCausalLM
+        from .llm import HFCausalLM, weights_id
 
         chat = self.llm.chat
         if isinstance(self.llm, HFCausalLM):  # a local model: batch by prompt length
@@ -261,7 +261,7 @@ def build_extractor(spec, cache: dict) -> Extractor:
         ex = LLMExtractor(build_llm(spec["llm"]), spec.get("max_new_tokens", 256))
     elif kind == "bundle":
         from .bundle import load_bundle
-        from .llm import HFCausalLM
+        from .llm import HFCausalLM, weights_id
 
         b = load_bundle(spec["path"], role="extractor", base_model=spec.get("base_model"))
         model, tok = b.load_model(base_override=spec.get("base_override"))
@@ -271,7 +271,7 @@ def build_extractor(spec, cache: dict) -> Extractor:
             model = model.to(resolve_dtype(spec["dtype"], "cpu" if model.device.type == "cpu" else "cuda"))
         llm = HFCausalLM.from_parts(model, tok, name=f"bundle:{spec['path']}", batch_size=spec.get("batch_size", 8))
         # what its outputs depend on: the bundle's identity (training data fingerprint, export time) and dtype
-        llm.cache_id = (f"bundle:{b.manifest['data_fingerprint']}|{b.manifest.get('created_at')}|"
+        llm.cache_id = (f"bundle:{b.manifest['data_fingerprint']}|{b.manifest.get('created_at')}|{weights_id(b.path)}|"
                         f"{str(next(model.parameters()).dtype).replace('torch.', '')}")
         ex = LLMExtractor(llm, spec.get("max_new_tokens", 256), kinds=b.manifest.get("kinds"))
     else:

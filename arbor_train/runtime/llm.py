@@ -9,12 +9,14 @@ Both expose the same two calls:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import os
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Protocol
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,26 @@ def resolve_dtype(dtype: str, device: str = "cpu"):
     return table[dtype]
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf", ".json", ".model")
+
+
+def weights_id(path: str | Path | None) -> str:
+    """The identity of a local model's weights, for cache keys: every weight and config file's name, size
+    and modification time (a file rewritten in place changes it), hashed. A path that is not on disk (a hub
+    id) is its own identity."""
+    if path is None:
+        return "none"
+    p = Path(str(path))
+    if not p.exists():
+        return str(path)
+    files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(WEIGHT_SUFFIXES))
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.relative_to(p) if p.is_dir() else f.name}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    return f"{p.name}:{h.hexdigest()[:16]}"
+
+
 class HFCausalLM:
     """A local causal LM (any transformers checkpoint, or a model reference from arbor_train.modelref)."""
 
@@ -65,7 +87,8 @@ class HFCausalLM:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         torch_dtype = resolve_dtype(dtype, device)
         dtype = str(torch_dtype).replace("torch.", "")
-        self.cache_id = f"{model}|{dtype}|{adapter}"  # what the outputs depend on (answer cache key)
+        # what the outputs depend on (answer cache key): the weights themselves, not only their name
+        self.cache_id = f"{model}|{weights_id(path)}|{dtype}|{adapter}|{weights_id(adapter)}"
         kwargs = {"dtype": torch_dtype}
         if device_map:  # accelerate places big models (empty-weight init, sharded over GPUs/CPU)
             kwargs["device_map"] = device_map
@@ -105,7 +128,7 @@ class HFCausalLM:
         torch_dtype = resolve_dtype(dtype, device)
         self = cls.from_parts(model.to(torch_dtype), tok, name=f"bundle:{path}", batch_size=batch_size)
         self.cache_id = (f"bundle:{b.manifest['data_fingerprint']}|{b.manifest.get('created_at')}|"
-                         f"{str(torch_dtype).replace('torch.', '')}")
+                         f"{weights_id(b.path)}|{str(torch_dtype).replace('torch.', '')}")
         self.training_sessions = set(b.manifest.get("training_sessions") or [])
         return self
 
@@ -177,6 +200,7 @@ class OpenAIEndpoint:
             raise ValueError(f"answer/LLM option base_url must start with http:// or https://, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.name = model
+        self.cache_id = f"openai:{self.base_url}|{model}"  # another endpoint serving the same name is another model
         self.model = model
         self.api_key = os.environ.get(api_key_env, "EMPTY")
         self.timeout_s = timeout_s
