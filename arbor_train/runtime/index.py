@@ -11,6 +11,17 @@ also listed in SQLite (`index_tombstones`, written in the forget's transaction),
 a crash is brought up to date on open. When deleted labels pass `compact_deleted_share` of the file,
 `remove` rebuilds the index from SQLite (graph quality and file size return to a fresh build's).
 
+Trust: hnswlib trusts its file (a few changed header bytes make it read out of bounds and end the
+process with SIGSEGV), so every save also writes the file's sha256 beside it (`<file>.sha256`), and a
+file whose checksum is missing or differs is never loaded: it is rebuilt from SQLite. Temp files that a
+killed process left (`<file>.<pid>.tmp`, holding vectors a forget may since have removed) are deleted on
+open.
+
+Sessions in several processes: SQLite's change counter (`PRAGMA data_version`) is read before every
+search and every save. When another process has committed since (an ingest, a forget), the graph is
+brought in line with SQLite first: nodes it lacks are added, and labels SQLite no longer has are zeroed
+and deleted, so a search never returns a forgotten node and a save never writes one back.
+
 Why hnswlib: a small, well-kept C++ library with Python wheels, incremental `add_items`, filtered and
 exact-k queries, and O(log n) search; faiss-cpu would also do, at ~10x the install size.
 """
@@ -26,6 +37,7 @@ from pathlib import Path
 import hnswlib
 import numpy as np
 
+from ..errors import InputError
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -41,6 +53,7 @@ class VectorIndex:
         self.compact_deleted_share = compact_deleted_share
         self._unsaved = 0
         self._deleted: set[int] = set()  # labels in the graph that are marked deleted
+        self._version: int | None = None  # the store's data_version the graph is in line with
         self._open()
 
     # ------------------------------------------------------------------ lifecycle
@@ -53,14 +66,24 @@ class VectorIndex:
 
     def _open(self) -> None:
         self.index: hnswlib.Index | None = None
+        if self.path is not None:
+            folder = self.path.parent
+            if folder.exists() and not folder.is_dir():
+                raise InputError(f"{folder}: the memory's vector index folder is not a folder; move it away "
+                                 f"(the index is derived, and is rebuilt from {self.store.path})")
+            self._remove_dead_temp_files()
         if self.path is not None and self.path.exists():
-            try:
-                idx = hnswlib.Index(space="ip", dim=self.dim)
-                idx.load_index(str(self.path), max_elements=0)
-                idx.set_ef(self.ef_search)
-                self.index = idx
-            except Exception as e:  # unreadable cache: rebuild from SQLite
-                log.warning("vector index %s unreadable (%s); rebuilding from the database", self.path, e)
+            why = self._invalid()
+            if why:
+                log.warning("vector index %s %s; rebuilding it from the database", self.path, why)
+            else:
+                try:
+                    idx = hnswlib.Index(space="ip", dim=self.dim)
+                    idx.load_index(str(self.path), max_elements=0)
+                    idx.set_ef(self.ef_search)
+                    self.index = idx
+                except Exception as e:  # unreadable cache: rebuild from SQLite
+                    log.warning("vector index %s unreadable (%s); rebuilding from the database", self.path, e)
         ids = set(self.index.get_ids_list()) if self.index is not None else set()
         db_ids = set(self.store.node_ids(self.conv))
         gone = self.store.tombstones(self.conv) & ids
@@ -81,15 +104,65 @@ class VectorIndex:
                 self.save()
         elif self.path is not None and not self.path.exists() and len(db_ids) == 0:
             self._unsaved = 0
+        self._version = self.store.data_version()
+
+    @property
+    def checksum_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".sha256")
+
+    def _invalid(self) -> str | None:
+        """Why the index file must not be loaded (None: its checksum matches the one saved with it)."""
+        try:
+            want = self.checksum_path.read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            return "has no checksum"
+        got = hashlib.sha256(self.path.read_bytes()).hexdigest()
+        return None if got == want else "does not match its checksum (damaged or edited)"
+
+    def _remove_dead_temp_files(self) -> None:
+        """Delete `<index>.<pid>.tmp` files whose process is gone (a save killed half-way)."""
+        folder = self.path.parent
+        if not folder.is_dir():
+            return
+        for f in folder.glob("*.tmp"):
+            m = re.fullmatch(r".+\.(\d+)\.tmp", f.name)
+            if m is None or _alive(int(m.group(1))):
+                continue
+            f.unlink(missing_ok=True)
+
+    def refresh(self) -> None:
+        """Bring the graph in line with SQLite when another process committed since the last look."""
+        v = self.store.data_version()
+        if v == self._version or self.index is None:
+            return
+        with self.store.snapshot():
+            ids = set(self.index.get_ids_list())
+            db_ids = set(self.store.node_ids(self.conv))
+            for label in sorted(ids - self._deleted - db_ids):  # forgotten (or reset) by another process
+                self._scrub(label)
+            missing = sorted(db_ids - ids)
+            if missing:  # committed by another process
+                got = self.store.get_nodes(missing)
+                vecs = [(i, got[i].embedding) for i in missing if got[i].embedding is not None]
+                if vecs:
+                    self.add([i for i, _ in vecs], np.stack([v for _, v in vecs]), autosave=False)
+        self._version = v
 
     def save(self) -> None:
         """Write the index file when it holds additions the file lacks (a read-only session writes nothing)."""
-        if self.path is None or self.index is None or (self._unsaved == 0 and self.path.exists()):
+        if self.path is None or self.index is None:
+            return
+        self.refresh()  # never write back a label another process has forgotten
+        if self._unsaved == 0 and self.path.exists():
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")  # one per process: no shared half-file
         self.index.save_index(str(tmp))
-        tmp.replace(self.path)
+        digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
+        sums = self.checksum_path.with_name(f"{self.checksum_path.name}.{os.getpid()}.tmp")
+        sums.write_text(digest + "\n")
+        tmp.replace(self.path)  # a crash between these two leaves a mismatch: the next open rebuilds
+        sums.replace(self.checksum_path)
         self._unsaved = 0
 
     # ------------------------------------------------------------------ operations
@@ -147,6 +220,7 @@ class VectorIndex:
             self.save()
 
     def search(self, vec: np.ndarray, k: int) -> list[tuple[int, float]]:
+        self.refresh()
         n = len(self)
         if n <= 0:
             return []
@@ -172,6 +246,16 @@ class VectorIndex:
             if ef != self.ef_search:
                 self.index.set_ef(self.ef_search)
         return [(int(l), float(1.0 - d)) for l, d in zip(labels[0], dist[0])]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
 
 
 def index_path(db_path: str, conversation_id: str) -> Path | None:

@@ -503,6 +503,11 @@ class Store:
         with self.transaction():
             self.db.execute("DELETE FROM index_tombstones WHERE conversation_id=?", (conv,))
 
+    def data_version(self) -> int:
+        """SQLite's change counter for this connection: it moves when another connection (another process)
+        commits, and costs one pragma to read (https://sqlite.org/pragma.html#pragma_data_version)."""
+        return int(self.db.execute("PRAGMA data_version").fetchone()[0])
+
     def checkpoint(self) -> int:
         """Truncate the write-ahead log into the file; 1 when a reader's snapshot kept it busy."""
         return int(self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0])
