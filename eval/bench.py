@@ -373,7 +373,50 @@ def one_generation_cost(llm, turns, kinds: list[str], out_tokens: list[int], bat
     return {"batched_s": round(batched, 4), "single_s": round((time.perf_counter() - t0) / single, 4)}
 
 
-TARGETS = {"runtime": bench_runtime, "train": bench_train, "extract": bench_extract}
+def bench_scale(cfg: DictConfig) -> dict:
+    """Ingest cost per turn as a conversation of many short turns that share common words grows: the
+    runtime as configured against the same runtime with keyword recall scoring every matching row
+    (`recall.keyword_max_postings=0`, the baseline), in one run. Each size is reached by ingesting, and the
+    last `window` turns before it are timed."""
+    from arbor_train.runtime import ArborMemory, default_config
+
+    b = cfg.bench_scale
+    sizes = sorted(parse_int(s, f"bench_scale.sizes[{k}]", minimum=1) for k, s in enumerate(b.sizes))
+    window = parse_int(b.window, "bench_scale.window", minimum=1)
+    results: dict = {}
+    for label, overrides in b.runtimes.items():
+        with tempfile.TemporaryDirectory() as d:
+            mem = ArborMemory.open(Path(d) / "scale.sqlite", "scale", default_config(*overrides))
+            res: dict = {}
+            built, t0 = 0, time.perf_counter()
+            for size in sizes:
+                t1 = None
+                while built < size:
+                    if built == size - window:
+                        t1 = time.perf_counter()
+                    mem.step(str(b.turn).format(i=built), "ok")
+                    built += 1
+                    if built % 2000 == 0:
+                        print(f"[{label}] {built} turns ({time.perf_counter() - t0:.0f} s)", flush=True)
+                per_turn = (time.perf_counter() - t1) / window
+                res[f"turns_{size}"] = {"ingest_ms_per_turn": round(1000 * per_turn, 3)}
+                print(f"[{label}] {size} turns: {1000 * per_turn:.2f} ms per turn", flush=True)
+            mem.close()
+        lo, hi = res[f"turns_{sizes[0]}"], res[f"turns_{sizes[-1]}"]
+        res["growth"] = round(hi["ingest_ms_per_turn"] / lo["ingest_ms_per_turn"], 3)
+        results[label] = res
+    head = "| runtime | " + " | ".join(f"{s:,} turns (ms/turn)" for s in sizes) + f" | growth {sizes[0]:,} → {sizes[-1]:,} |"
+    rows = [head, "|---|" + "---:|" * (len(sizes) + 1)]
+    for label, res in results.items():
+        rows.append(f"| {label} | " + " | ".join(str(res[f"turns_{s}"]["ingest_ms_per_turn"]) for s in sizes)
+                    + f" | {res['growth']}× |")
+    print("\n".join(rows))
+    results["table"] = "\n".join(rows) + "\n"
+    results["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
+    return results
+
+
+TARGETS = {"runtime": bench_runtime, "train": bench_train, "extract": bench_extract, "scale": bench_scale}
 
 
 def check_options(cfg: DictConfig) -> None:
@@ -396,6 +439,16 @@ def check_options(cfg: DictConfig) -> None:
             if isinstance(overrides, str) or overrides is None:
                 raise ConfigError(f"option bench.runtimes.{label} must be a list of runtime overrides, got {overrides!r}")
             check_overrides(overrides, f"bench.runtimes.{label}")
+        return
+    if cfg.target == "scale":
+        b = cfg.bench_scale
+        for k, size in enumerate(b.sizes):
+            if parse_int(size, f"bench_scale.sizes[{k}]", minimum=1) < parse_int(b.window, "bench_scale.window", minimum=1):
+                raise ConfigError(f"option bench_scale.sizes[{k}]={size} is below bench_scale.window={b.window}")
+        from arbor_train.runtime.config import check_overrides
+
+        for label, overrides in b.runtimes.items():
+            check_overrides(list(overrides or []), f"bench_scale.runtimes.{label}")
         return
     if cfg.target == "extract":
         b = cfg.bench_extract

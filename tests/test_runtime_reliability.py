@@ -25,7 +25,7 @@ from arbor_train.errors import UserError
 from arbor_train.paths import REPO_ROOT
 from arbor_train.runtime import ArborMemory
 from arbor_train.runtime.cli import run
-from arbor_train.runtime.commit import turn_keys
+from arbor_train.runtime.turnkeys import turn_keys
 from arbor_train.runtime.index import index_path
 from arbor_train.runtime.store import SCHEMA_VERSION, MemoryBusy, Store, conv_token
 
@@ -277,7 +277,7 @@ def test_ingesting_a_file_twice_stores_each_turn_once(tmp_path, capsys):
     once = content(mem)
     res = ingest(conv, mem)
     assert res["skipped"] == 6 and res["counts"]["nodes"] == 6
-    assert "skipped 6 of 6 turns already in memory" in capsys.readouterr().out
+    assert "6 turns in the file: 6 already stored, 0 forgotten on request (skipped), 0 to add" in capsys.readouterr().out
     assert content(mem) == once
 
 

@@ -4,14 +4,17 @@
     python -m arbor_train.runtime.cli command=ask question='Where is Maria going?' memory=outputs/mem.sqlite
     python -m arbor_train.runtime.cli command=show memory=outputs/mem.sqlite
     python -m arbor_train.runtime.cli command=export out=forest.json memory=outputs/mem.sqlite
+    python -m arbor_train.runtime.cli command=import input=forest.json memory=outputs/copy.sqlite
     python -m arbor_train.runtime.cli command=render out=forest.png highlight_question='...' memory=...
     python -m arbor_train.runtime.cli command=forget entity=Caroline dry_run=true memory=outputs/mem.sqlite
 
 Conversation files (ingest): the format of arbor_train/conversations/files.py (JSONL, one turn per line,
 or JSON {"conversation_id"?: str, "turns": [{"user", "assistant"?, "timestamp"?, "speaker"?}, ...]}). The
 whole file is validated before anything is written (`load_conversation`). Ingest is idempotent and resumable: each stored turn records its identity (a
-hash chained over the file's turns so far), so rerunning a file, or the file grown by new turns, or
-the same file after a killed ingest, stores each turn once and says how many it skipped. One writer
+hash of its own normalized content and occurrence, turnkeys.py), so rerunning a file, the file grown,
+edited, re-ordered or re-formatted at the source, or the same file after a killed ingest, stores each
+distinct turn once; it reports what it matched, skipped and added, and warns about stored turns the
+file lacks. One writer
 per memory file (a lock; a second one waits `runtime.store.lock_timeout_s`, then is refused).
 
 `run(cfg)` does the work and returns a dict (importable, testable); `main()` is the thin Hydra entry point.
@@ -20,6 +23,7 @@ per memory file (a lock; a second one waits `runtime.store.lock_timeout_s`, then
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -29,12 +33,25 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from ..conversations.files import DEFAULT_LIMITS, check_conversation_id, check_text, load_conversation
-from ..errors import ConfigError, entry_point, parse_bool, parse_int
+from ..errors import ConfigError, InputError, entry_point, parse_bool, parse_int
 from ..paths import CONF_DIR
 
-COMMANDS = ("ingest", "ask", "show", "export", "render", "forget")
+COMMANDS = ("ingest", "ask", "show", "export", "import", "render", "forget")
 PER_TURN_LINES_BELOW = 50  # ingest prints one line per turn below this many turns, else a summary
 TOP_CANDIDATES = 8
+
+
+# ---------------------------------------------------------------------- printing stored text
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def safe(text: str, newlines: bool = True) -> str:
+    """Stored text as printed: control characters (terminal escapes), and bidi overrides and isolates
+    (which can make a line read other than it is), shown as \\xNN / \\uNNNN. Newlines and tabs stay
+    where `newlines` (a context block); elsewhere they are escaped too (one line per item)."""
+    out = _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}",
+                      str(text))
+    return out if newlines else out.replace("\n", "\\n").replace("\t", "\\t")
 
 
 # ---------------------------------------------------------------------- options
@@ -74,10 +91,11 @@ def _memory_path(cfg: DictConfig, must_exist: bool) -> Path:
 
 
 # ---------------------------------------------------------------------- commands
-def _open(cfg: DictConfig, path: Path, conversation_id: str):
+def _open(cfg: DictConfig, path: Path, conversation_id: str, read_only: bool = False):
+    """The memory; read commands (ask, show, export, render) open it read-only and never write to it."""
     from .memory import ArborMemory
 
-    return ArborMemory.open(path, conversation_id, cfg.runtime)
+    return ArborMemory.open(path, conversation_id, cfg.runtime, read_only=read_only)
 
 
 def _limits(cfg: DictConfig) -> dict:
@@ -95,9 +113,9 @@ def _conversation(cfg: DictConfig, file_conv: str | None = None) -> str:
 def _ingest(cfg: DictConfig) -> dict:
     from tqdm import tqdm
 
-    from .commit import turn_keys
     from .memory import ArborMemory
     from .store import Store
+    from .turnkeys import chain_keys, turn_keys
 
     src = _required(cfg, "input", "ingest", "a conversation JSON/JSONL file")
     reset = parse_bool(_opt(cfg, "reset"), "reset")
@@ -123,13 +141,22 @@ def _ingest(cfg: DictConfig) -> dict:
     routes: list[dict] = []
     known = store.turn_keys(conv)
     forgotten = store.forgotten_turn_keys(conv)  # forgotten on request: a replay must not restore them
-    todo = [(i, t, k) for i, (t, k) in enumerate(zip(turns, keys), 1) if k not in known and k not in forgotten]
+    # a forget recorded before schema v5 holds the old chained key (its text is gone, so it was not re-keyed)
+    legacy = set(chain_keys(turns)) & forgotten if forgotten else set()
+    olds = chain_keys(turns) if legacy else [None] * len(turns)
+    gone = [k in forgotten or o in legacy for k, o in zip(keys, olds)]
+    todo = [(i, t, k) for i, (t, k, g) in enumerate(zip(turns, keys, gone), 1) if k not in known and not g]
+    matched = sum(k in known for k in keys)
+    n_forgotten = sum(g and k not in known for k, g in zip(keys, gone))
+    absent = store.nodes_with_turn_keys(conv, known - set(keys))  # stored turns this file does not hold
+    print(f"{path} conversation {conv!r}: {len(turns)} turns in the file: {matched} already stored, "
+          f"{n_forgotten} forgotten on request (skipped), {len(todo)} to add")
+    if absent:
+        shown = ", ".join(map(str, absent[:10])) + (", ..." if len(absent) > 10 else "")
+        print(f"warning: {len(absent)} stored turns of this conversation are not in the file (edited or deleted "
+              f"at the source?): nodes {shown}. They are kept; command=forget nodes=[...] removes them",
+              file=sys.stderr)
     skipped = len(turns) - len(todo)
-    if skipped:
-        n_forgotten = sum(k in forgotten for k in keys)
-        why = f", {n_forgotten} of them forgotten on request" if n_forgotten else ""
-        print(f"skipped {skipped} of {len(turns)} turns already in memory {path} (conversation {conv!r}{why}); "
-              f"{len(todo)} to ingest")
     verbose = len(todo) < PER_TURN_LINES_BELOW
     try:
         before = mem.stats()["nodes"]
@@ -143,7 +170,7 @@ def _ingest(cfg: DictConfig) -> dict:
                 where = f"parent {node.parent_id}" if node.parent_id is not None else "new root"
                 cue = f" cue={loc.cue!r}" if loc.cue else ""
                 bar.write(f"turn {i:>3}: node {node.id} <- {where:<10} route={loc.route:<15} "
-                          f"score={loc.score:.3f}{cue}  [{node.topic_key}]")
+                          f"score={loc.score:.3f}{safe(cue, False)}  [{safe(node.topic_key, False)}]")
         counts = mem.stats()
     finally:
         mem.close()
@@ -154,6 +181,7 @@ def _ingest(cfg: DictConfig) -> dict:
               + ", ".join(f"{k}={v}" for k, v in by_route.most_common()))
     print(f"memory {path} conversation {conv!r}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
     return {"conversation_id": conv, "memory": str(path), "turns": len(turns), "skipped": skipped,
+            "matched": matched, "forgotten": n_forgotten, "added": len(todo), "missing_from_file": absent,
             "nodes_before": before, "counts": counts, "routes": routes}
 
 
@@ -168,7 +196,7 @@ def _ask(cfg: DictConfig) -> dict:
     if budget is not None:
         budget = parse_int(budget, "budget (the read budget in tokens)", minimum=1)
     path = _memory_path(cfg, must_exist=True)
-    mem = _open(cfg, path, _conversation(cfg))
+    mem = _open(cfg, path, _conversation(cfg), read_only=True)
     try:
         loc, ctx = mem.read(str(question), now=None if now is None else str(now), budget=budget)
     finally:
@@ -178,14 +206,14 @@ def _ask(cfg: DictConfig) -> dict:
     else:
         state = f"node {loc.parent_id}"
     cue = f", cue {loc.cue!r}" if loc.cue else ""
-    print(f"state: {state} (route {loc.route}, score {loc.score:.3f}{cue})")
+    print(f"state: {state} (route {loc.route}, score {loc.score:.3f}{safe(cue, False)})")
     if loc.candidates:
         print(f"\ntop candidates ({min(len(loc.candidates), TOP_CANDIDATES)} of {len(loc.candidates)}):")
         print(f"  {'node':>6}  {'score':>7}  {'topic':<32}  channels")
         for c in loc.candidates[:TOP_CANDIDATES]:
             topic = c.topic_key if len(c.topic_key) <= 32 else c.topic_key[:31] + "…"
-            print(f"  {c.node_id:>6}  {c.score:>7.3f}  {topic:<32}  {_fmt_channels(c.channels)}")
-    print(f"\ncontext ({ctx.tokens}/{ctx.budget} tokens):\n{ctx.text}")
+            print(f"  {c.node_id:>6}  {c.score:>7.3f}  {safe(topic, False):<32}  {_fmt_channels(c.channels)}")
+    print(f"\ncontext ({ctx.tokens}/{ctx.budget} tokens):\n{safe(ctx.text)}")
     return {"localization": loc.to_json(), "context": ctx.to_json()}
 
 
@@ -194,7 +222,7 @@ def _show(cfg: DictConfig) -> dict:
 
     path = _memory_path(cfg, must_exist=True)
     conv = _conversation(cfg)
-    mem = _open(cfg, path, conv)
+    mem = _open(cfg, path, conv, read_only=True)
     try:
         with mem.store.snapshot():  # one committed state, while a writer may be ingesting
             counts = mem.stats()
@@ -207,9 +235,9 @@ def _show(cfg: DictConfig) -> dict:
         print(f"  {'root':>6}  {'size':>5}  {'seqs':>11}  topic")
         for r in roots:
             seqs = f"{r['first_seq']}-{r['last_seq']}"
-            print(f"  {r['id']:>6}  {r['size']:>5}  {seqs:>11}  {r['topic_key']}")
+            print(f"  {r['id']:>6}  {r['size']:>5}  {seqs:>11}  {safe(r['topic_key'], False)}")
     if others:
-        print("other conversations in this file: " + ", ".join(others))
+        print("other conversations in this file: " + ", ".join(safe(o, False) for o in others))
     return {"conversation_id": conv, "counts": counts, "roots": roots, "other_conversations": others}
 
 
@@ -218,10 +246,11 @@ def _export(cfg: DictConfig) -> dict:
 
     out = _out_path(cfg, "export", (".json",))
     path = _memory_path(cfg, must_exist=True)
-    mem = _open(cfg, path, _conversation(cfg))
+    mem = _open(cfg, path, _conversation(cfg), read_only=True)
     try:
         with mem.store.snapshot():
             data = forest_json(mem)
+            data["memory"] = mem.store.dump(mem.conv)  # every row: command=import restores the memory from it
     finally:
         mem.close()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -230,13 +259,38 @@ def _export(cfg: DictConfig) -> dict:
     return {"out": str(out), "counts": data["counts"]}
 
 
+def _import(cfg: DictConfig) -> dict:
+    """Restore a conversation from a `command=export` file into a memory (a new file, or one without it)."""
+    from .store import Store
+
+    src = Path(str(_required(cfg, "input", "import", "a file written by command=export")))
+    if not src.is_file():
+        raise ConfigError(f"input={str(src)!r}: no such file")
+    try:
+        data = json.loads(src.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{src}: not a JSON export ({e}); nothing was imported") from None
+    if not isinstance(data, dict) or "memory" not in data:
+        raise InputError(f"{src}: field 'memory' missing (write the file with command=export); nothing was imported")
+    path = _memory_path(cfg, must_exist=False)
+    store = Store(str(path), synchronous=cfg.runtime.store.synchronous)
+    try:
+        store.lock_for_writing(float(cfg.runtime.store.lock_timeout_s))
+        conv, n = store.load_dump(data["memory"], str(src))
+        counts = store.counts(conv)
+    finally:
+        store.close()
+    print(f"imported conversation {safe(conv, False)!r} into {path}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
+    return {"conversation_id": conv, "memory": str(path), "nodes": n, "counts": counts}
+
+
 def _render(cfg: DictConfig) -> dict:
     from .render import RENDER_SUFFIXES, render_forest
 
     out = _out_path(cfg, "render", RENDER_SUFFIXES)
     hq = _opt(cfg, "highlight_question")
     path = _memory_path(cfg, must_exist=True)
-    mem = _open(cfg, path, _conversation(cfg))
+    mem = _open(cfg, path, _conversation(cfg), read_only=True)
     highlight: list[int] = []
     try:
         title = None
@@ -282,12 +336,18 @@ def _forget(cfg: DictConfig) -> dict:
     finally:
         mem.close()
     print(report.summary())
+    if not dry_run and getattr(mem.store, "checkpoint_pending", False):
+        raise InputError(f"the forget was committed to {path}, but its write-ahead log ({path}-wal) could not be "
+                         "checkpointed: another process holds an old snapshot open, so the forgotten text may stay in "
+                         "that file until it closes; close the other readers, then run any writing command (ingest "
+                         "or forget) to checkpoint it")
     print(f"memory {path} conversation {mem.conv!r}" + (" (unchanged: dry run): " if dry_run else ": ")
           + ", ".join(f"{k}={v}" for k, v in counts.items()))
     return {**report.to_json(), "memory": str(path), "counts_after": counts}
 
 
-HANDLERS = {"ingest": _ingest, "ask": _ask, "show": _show, "export": _export, "render": _render, "forget": _forget}
+HANDLERS = {"ingest": _ingest, "ask": _ask, "show": _show, "export": _export, "import": _import, "render": _render,
+            "forget": _forget}
 
 
 def run(cfg: DictConfig) -> dict:
@@ -298,8 +358,41 @@ def run(cfg: DictConfig) -> dict:
         raise ConfigError(f"option command: {got}; valid values: {', '.join(COMMANDS)}")
     from .layers import check_layers
 
+    from .store import sqlite3 as store_sqlite3  # the SQLite the store uses (pysqlite3 where installed)
+
     check_layers(OmegaConf.to_container(cfg.runtime.context, resolve=True))  # before any file is touched
-    return HANDLERS[command](cfg)
+    try:
+        return HANDLERS[command](cfg)
+    except store_sqlite3.DatabaseError as e:  # full disk, damaged pages, a locked or read-only file
+        raise InputError(f"memory={str(_opt(cfg, 'memory'))!r}: SQLite says: {e}. Nothing of the failed step was "
+                         "stored (each turn and each forget is one transaction)") from None
+    except OSError as e:
+        if e.filename is None:
+            raise
+        raise InputError(f"{e.filename}: {e.strerror or e}") from None
+
+
+def hydra_quote(text: str) -> str:
+    """A Hydra override value that is exactly `text` (quotes, apostrophes, parentheses, '=' and all)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def plain_argv(argv: list[str]) -> list[str]:
+    """The plain forms, turned into Hydra overrides before Hydra parses them: a first word that is a command
+    (`cli ask ...` is `command=ask`), and the text after `--` as the question, any characters as typed:
+
+        python -m arbor_train.runtime.cli ask memory=m.sqlite -- What is Bob's venue (the new one)?
+    """
+    args = list(argv)
+    text = None
+    if "--" in args:
+        cut = args.index("--")
+        text, args = " ".join(args[cut + 1:]), args[:cut]
+    if args and args[0] in COMMANDS:
+        args[0] = f"command={args[0]}"
+    if text is not None:
+        args.append(f"question={hydra_quote(text)}")
+    return args
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="runtime_cli", version_base="1.3")
@@ -309,4 +402,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    sys.argv[1:] = plain_argv(sys.argv[1:])
     main()

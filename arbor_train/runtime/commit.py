@@ -1,7 +1,7 @@
 """Commit: writing a completed interaction into the forest and the evidence store in one transaction:
 the node, its summaries and topic anchors, its embedding, extracted facts, states, artifacts and
 events with provenance, and the state a secondary link carries. `Committer` is mixed into
-`ArborMemory` (memory.py); `turn_keys` gives every transcript turn its identity."""
+`ArborMemory` (memory.py). A transcript turn's identity is turnkeys.py's."""
 
 from __future__ import annotations
 
@@ -18,32 +18,10 @@ from .text import snake_case, truncate
 log = logging.getLogger(__name__)
 from .localize import entity_words
 
-TURN_KEY_SEED = "arbormem-turn-v1"
-
 
 # the target key of a copy ("... over to Oliver's plan as its gym", "set that as the companion of the trip")
 _AS_KEY = re.compile(r"\bas (?:its|the|their|his|her) ([a-z]+(?: [a-z]+)?)(?=\s+(?:of|for)\b|\s*[.,;!?]|\s*$)")
 
-
-
-def turn_keys(turns: list[dict]) -> list[str]:
-    """The identity of each turn of a transcript: a SHA-256 chained over the turns up to it.
-
-    Key i depends on turns 1..i (user, assistant, timestamp), so a repeated "ok" turn keeps its own
-    identity, a rerun of the same file (or of the file grown by new turns) matches the stored prefix,
-    and a file with different earlier turns never matches.
-    """
-    import hashlib
-
-    prev = hashlib.sha256(TURN_KEY_SEED.encode()).hexdigest()
-    out = []
-    for t in turns:
-        h = hashlib.sha256(prev.encode())
-        for part in (t["user"], t["assistant"], t.get("timestamp") or ""):
-            h.update(b"\x00" + part.encode("utf-8"))
-        prev = h.hexdigest()
-        out.append(prev)
-    return out
 
 
 def slot_subject(slot: dict) -> str:

@@ -46,8 +46,9 @@ log = logging.getLogger(__name__)
 class VectorIndex:
     def __init__(self, store: Store, conversation_id: str, dim: int, path: Path | None, ef_search: int = 64,
                  M: int = 16, ef_construction: int = 100, save_every: int = 1000, initial_capacity: int = 1024,
-                 compact_deleted_share: float = 0.25):
+                 compact_deleted_share: float = 0.25, read_only: bool = False):
         self.store, self.conv, self.dim, self.path = store, conversation_id, dim, path
+        self.read_only = read_only  # never saves; catches up and rebuilds in memory only
         self.ef_search, self.M, self.ef_construction, self.save_every = ef_search, M, ef_construction, save_every
         self.initial_capacity = initial_capacity
         self.compact_deleted_share = compact_deleted_share
@@ -71,7 +72,8 @@ class VectorIndex:
             if folder.exists() and not folder.is_dir():
                 raise InputError(f"{folder}: the memory's vector index folder is not a folder; move it away "
                                  f"(the index is derived, and is rebuilt from {self.store.path})")
-            self._remove_dead_temp_files()
+            if not self.read_only:
+                self._remove_dead_temp_files()
         if self.path is not None and self.path.exists():
             why = self._invalid()
             if why:
@@ -150,7 +152,7 @@ class VectorIndex:
 
     def save(self) -> None:
         """Write the index file when it holds additions the file lacks (a read-only session writes nothing)."""
-        if self.path is None or self.index is None:
+        if self.path is None or self.index is None or self.read_only:
             return
         self.refresh()  # never write back a label another process has forgotten
         if self._unsaved == 0 and self.path.exists():

@@ -81,7 +81,9 @@ class ArborMemory(Localizer, Committer):
         self.components = comp
         stored_dim = store.get_meta("embedding_dim")
         stored_name = store.get_meta("embedder")
-        if stored_dim is None:
+        if stored_dim is None and store.read_only:
+            pass  # an empty memory read: nothing to check against, nothing written
+        elif stored_dim is None:
             with store.transaction():
                 store.set_meta("embedding_dim", str(self.embedder.dim))
                 store.set_meta("embedder", self.embedder.name)
@@ -89,25 +91,30 @@ class ArborMemory(Localizer, Committer):
             raise ConfigError(
                 f"{store.path}: memory was built with embedder {stored_name!r} (dim {stored_dim}); runtime option "
                 f"embedder is {self.embedder.name!r} (dim {self.embedder.dim}). Use the same embedder or a new file.")
+        store.max_postings = int(cfg["recall"]["keyword_max_postings"])
         ix = cfg["index"]
         self.index = VectorIndex(store, conversation_id, self.embedder.dim, index_path(store.path, conversation_id),
                                  ef_search=ix["ef_search"], M=ix["M"], ef_construction=ix["ef_construction"],
                                  save_every=ix["save_every"],
-                                 compact_deleted_share=float(ix.get("compact_deleted_share", 0.25)))
+                                 compact_deleted_share=float(ix.get("compact_deleted_share", 0.25)),
+                                 read_only=store.read_only)
         self.ablation = cfg["ablation"]
         self.timings = Timings()
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
     def open(cls, path: str | Path, conversation_id: str = "default", cfg: Any = None,
-             components: dict | None = None) -> "ArborMemory":
+             components: dict | None = None, read_only: bool = False) -> "ArborMemory":
+        """A memory file (created when missing, unless `read_only`: then nothing is ever written, and a
+        damaged or stale vector index is rebuilt in memory only)."""
         if cfg is None:
             from .config import default_config
 
             cfg = default_config()
         c = _cfg(cfg)
         check_layers(c["context"])  # a bad read path is refused before the file is opened or created
-        return cls(Store(str(path), synchronous=c["store"]["synchronous"]), conversation_id, c, components)
+        return cls(Store(str(path), synchronous=c["store"]["synchronous"], read_only=read_only), conversation_id, c,
+                   components)
 
     def close(self) -> None:
         self.index.save()

@@ -49,7 +49,8 @@ from ..errors import InputError, UserError
 from .schema import Artifact, AtomicFact, Event, Node, StateRecord
 from .text import STOPWORDS, content_words
 
-SCHEMA_VERSION = 4  # v2: injective conversation tokens, nodes.turn_key; v3: provenance, forgetting; v4: links
+SCHEMA_VERSION = 5  # v2: injective conversation tokens, nodes.turn_key; v3: provenance, forgetting; v4: links;
+# v5: turn keys from each turn's own content (turnkeys.py), not chained over the turns before it
 FTS_SECURE_DELETE = sqlite3.sqlite_version_info >= (3, 42, 0)
 
 DDL = """
@@ -129,8 +130,8 @@ _NODE_COLS = ("id, conversation_id, seq, ts, parent_id, root_id, depth, user_tex
               "node_summary, path_summary, topic_key, entities, keywords, embedding, speaker")
 
 
-def fts_query(text: str, max_terms: int = 16) -> str | None:
-    """An FTS5 OR-query of the distinct content words of text (quoted, so no syntax leaks)."""
+def fts_terms(text: str, max_terms: int = 16) -> list[str]:
+    """The distinct content words of text, as FTS5 terms (word characters only, so no syntax leaks)."""
     terms: list[str] = []
     for w in content_words(text):
         w = re.sub(r"[^\w]", "", w)
@@ -138,9 +139,29 @@ def fts_query(text: str, max_terms: int = 16) -> str | None:
             terms.append(w)
         if len(terms) >= max_terms:
             break
-    if not terms:
-        return None
-    return " OR ".join(f'"{t}"' for t in terms)
+    return terms
+
+
+def fts_query(text: str, max_terms: int = 16) -> str | None:
+    """An FTS5 OR-query of the distinct content words of text (quoted, so no syntax leaks)."""
+    terms = fts_terms(text, max_terms)
+    return " OR ".join(f'"{t}"' for t in terms) if terms else None
+
+
+_PORTER = None
+
+
+def _porter(word: str) -> str:
+    """A word as FTS5's `porter unicode61` tokenizer indexes it (Porter's original stemmer, as SQLite's)."""
+    global _PORTER
+    if _PORTER is None:
+        import Stemmer
+
+        _PORTER = Stemmer.Stemmer("porter")
+    import unicodedata
+
+    plain = "".join(c for c in unicodedata.normalize("NFKD", word.lower()) if not unicodedata.combining(c))
+    return _PORTER.stemWord(plain)
 
 
 def conv_token(conversation_id: str) -> str:
@@ -156,15 +177,53 @@ def _v1_conv_token(conversation_id: str) -> str:
     return "c" + re.sub(r"[^0-9A-Za-z]", "_", conversation_id)
 
 
+READABLE_VERSIONS = (4, 5)  # a read-only store reads these without migrating (v4 differs only in turn keys)
+
+
 class Store:
-    def __init__(self, path: str | Path, synchronous: str = "NORMAL"):
+    """One memory file. `read_only=True` (the CLI's ask, show, export, render) never writes: no schema
+    migration, no meta; a file the process may not write (a read-only copy) is opened immutable."""
+
+    def __init__(self, path: str | Path, synchronous: str = "NORMAL", read_only: bool = False):
         self.path = str(path)
-        if self.path != ":memory:":
+        self.read_only = read_only
+        if self.path != ":memory:" and not read_only:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         if self.path != ":memory:" and Path(self.path).is_dir():
             raise InputError(f"memory={self.path!r} is a folder; pass the memory's SQLite file")
-        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        if read_only and self.path != ":memory:":
+            if not Path(self.path).is_file():
+                raise InputError(f"memory={self.path!r} does not exist")
+            from urllib.parse import quote
+
+            uri = f"file:{quote(os.path.abspath(self.path))}?mode=ro" + ("&immutable=1" if self._quiet() else "")
+            self.db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        else:
+            self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA busy_timeout=30000")  # wait out another connection's short write locks
+        try:  # before anything is written: a file that is not a memory is refused untouched
+            tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            ours = "meta" in tables and self.db.execute(
+                "SELECT 1 FROM meta WHERE key='schema_version'").fetchone() is not None
+        except sqlite3.DatabaseError as e:
+            self.db.close()
+            raise InputError(f"memory={self.path!r} is not an ArborMem memory (SQLite says: {e}); "
+                             "it was left as it is") from None
+        if tables and not ours:
+            self.db.close()
+            raise InputError(f"memory={self.path!r} is an SQLite file without the ArborMem schema (tables: "
+                             f"{', '.join(sorted(tables)[:5])}); it was left as it is")
+        self._in_tx = False
+        self._lock_fd: int | None = None
+        self.db.execute("PRAGMA temp_store=MEMORY")  # no temporary file ever holds a row
+        if read_only:
+            row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() if ours else None
+            if row is None or not str(row[0]).isdigit() or int(row[0]) not in READABLE_VERSIONS:
+                self.db.close()
+                got = "an empty file" if row is None else f"schema version {row[0]!r}"
+                raise InputError(f"memory={self.path!r} is {got}; a read command reads v{READABLE_VERSIONS[0]} to "
+                                 f"v{SCHEMA_VERSION} (a writing command, ingest or forget, migrates older files)")
+            return
         try:
             self.db.execute("PRAGMA journal_mode=WAL")
         except sqlite3.DatabaseError as e:
@@ -173,15 +232,37 @@ class Store:
         self.db.execute(f"PRAGMA synchronous={synchronous}")
         self.db.execute("PRAGMA foreign_keys=ON")
         self.db.execute("PRAGMA secure_delete=ON")  # freed pages are zeroed: deleted text leaves the file
-        self.db.execute("PRAGMA temp_store=MEMORY")  # no temporary file ever holds a row
-        self._in_tx = False
-        self._lock_fd: int | None = None
         try:
             row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         except sqlite3.OperationalError:  # a new file
             row = None
         if row is None or row[0] != str(SCHEMA_VERSION):
             self._create_or_migrate()
+
+    def _quiet(self) -> bool:
+        """For a read-only open: True when no writer can change the file while it is read, so SQLite may
+        read it as immutable and create nothing beside it (no -wal, no -shm). That is a file this process
+        may not write (a read-only copy), or one whose writer lock this reader can share (held until close:
+        a writer waits for it) and whose write-ahead log is empty. Otherwise SQLite reads through the log."""
+        self._read_fd: int | None = None
+        if not (os.access(self.path, os.W_OK) and os.access(Path(self.path).parent, os.W_OK)):
+            return True
+        wal = Path(self.path + "-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            return False
+        try:
+            fd = os.open(self.path + ".lock", os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return not wal.exists()  # never opened by a writer of this runtime (a copy)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:  # a writer holds it
+            os.close(fd)
+            return False
+        self._read_fd = fd
+        return not (wal.exists() and wal.stat().st_size > 0)
 
     def _create_or_migrate(self) -> None:
         with self.transaction():
@@ -193,14 +274,17 @@ class Store:
                 self.db.execute("INSERT INTO meta VALUES('schema_version', ?)", (str(SCHEMA_VERSION),))
                 self.db.execute(SPEAKER_INDEX)
             else:
-                version = int(row[0])
-                if version not in (1, 2, 3, SCHEMA_VERSION):
-                    raise InputError(f"{self.path}: memory schema v{row[0]}; this runtime reads v1 to v{SCHEMA_VERSION}")
+                version = int(row[0]) if str(row[0]).isdigit() else None
+                if version not in (1, 2, 3, 4, SCHEMA_VERSION):
+                    raise InputError(f"{self.path}: memory schema version {row[0]!r} is not one this runtime reads "
+                                     f"(v1 to v{SCHEMA_VERSION}); the file was left as it is")
                 if version == 1:
                     self._migrate_v1()
                 if version <= 2:
                     self._migrate_v2()
                 # v3 -> v4: the links table and its index come from the DDL above
+                if version <= 4:
+                    self._migrate_v4()
                 self.db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
             self.db.execute(TURN_KEY_INDEX)
             if FTS_SECURE_DELETE:  # persistent per table: deletes remove the row's terms from the index
@@ -232,14 +316,29 @@ class Store:
                             f"FROM {table} t, json_each(t.sources) j", (table,))
         self.db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
 
+    def _migrate_v4(self) -> None:
+        """v4 -> v5: every stored turn re-keyed from its own content (turnkeys.py), in commit order per
+        conversation (the occurrence counter runs in that order). Forgotten turns keep their old keys."""
+        from .turnkeys import content_keys
+
+        self.db.execute("DROP INDEX IF EXISTS nodes_turn")  # rebuilt below with the new keys
+        for (conv,) in self.db.execute("SELECT DISTINCT conversation_id FROM nodes").fetchall():
+            rows = self.db.execute("SELECT id, speaker, user_text, assistant_text FROM nodes WHERE conversation_id=? "
+                                   "AND turn_key IS NOT NULL ORDER BY seq", (conv,)).fetchall()
+            keys = content_keys((r[1], r[2], r[3]) for r in rows)
+            self.db.executemany("UPDATE nodes SET turn_key=? WHERE id=?", [(k, r[0]) for k, r in zip(keys, rows)])
+
     def close(self) -> None:
         if getattr(self, "checkpoint_pending", False):  # a forget's checkpoint found a reader: retry now
             try:
-                self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            except sqlite3.Error:  # pragma: no cover - the next forget or close checkpoints again
+                self.checkpoint_pending = bool(self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0])
+            except sqlite3.Error:  # the next forget or close checkpoints again
                 pass
         self.db.close()
         self.release_writer()
+        if getattr(self, "_read_fd", None) is not None:
+            os.close(self._read_fd)  # the shared lock of a read-only open
+            self._read_fd = None
 
     # ------------------------------------------------------------------ single writer
     @property
@@ -254,7 +353,13 @@ class Store:
         """
         if self._lock_fd is not None or self.lock_path is None:
             return
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        if self.read_only:
+            raise InputError(f"memory={self.path!r} was opened read-only; this step writes")
+        try:  # never through a link: the lock is this memory's own file
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            raise InputError(f"{self.lock_path}: cannot be the memory's lock file ({e.strerror}; a link is "
+                             "never followed)") from None
         deadline = time.monotonic() + max(0.0, float(timeout_s))
         while True:
             try:
@@ -292,7 +397,10 @@ class Store:
             yield self.db
             self.db.execute("COMMIT")
         except BaseException:
-            self.db.execute("ROLLBACK")
+            try:
+                self.db.execute("ROLLBACK")
+            except sqlite3.Error:  # SQLite already rolled back (disk full, I/O error): its own error says why
+                pass
             raise
         finally:
             self._in_tx = False
@@ -467,6 +575,14 @@ class Store:
         return {r[0] for r in self.db.execute(
             "SELECT turn_key FROM nodes WHERE conversation_id=? AND turn_key IS NOT NULL", (conv,))}
 
+    def nodes_with_turn_keys(self, conv: str, keys: set[str]) -> list[int]:
+        """The ids of a conversation's nodes stored with these turn keys, in commit order."""
+        if not keys:
+            return []
+        rows = self.db.execute("SELECT id, turn_key FROM nodes WHERE conversation_id=? AND turn_key IS NOT NULL "
+                               "ORDER BY seq", (conv,)).fetchall()
+        return [int(i) for i, k in rows if k in keys]
+
     def forgotten_turn_keys(self, conv: str) -> set[str]:
         """Identities of turns forgotten on request: a replayed transcript must not bring them back."""
         return {r[0] for r in self.db.execute(
@@ -568,6 +684,122 @@ class Store:
             self.db.execute("DELETE FROM meta WHERE key != 'schema_version'")
         return removed
 
+    # ------------------------------------------------------------------ portable dump (export / import)
+    DUMP_FORMAT, DUMP_VERSION = "arbormem-memory", 1
+    DUMP_META = ("embedding_dim", "embedder", "node_id_floor")
+
+    def _dump_where(self, conv: str) -> dict[str, tuple[str, tuple]]:
+        """Per table, the WHERE clause selecting one conversation's rows (ordered by key)."""
+        nodes = "(SELECT id FROM nodes WHERE conversation_id=?)"
+        where = {t: ("conversation_id=?", (conv,)) for t in ("nodes", "facts", "records", "artifacts", "events",
+                                                             "forgotten_turns", "index_tombstones", "links")}
+        where["forked_roots"] = (f"root_id IN {nodes}", (conv,))
+        where["provenance"] = (f"node_id IN {nodes}", (conv,))
+        for fts, base in FTS_TABLES.items():
+            where[fts] = (f"rowid IN (SELECT id FROM {base} WHERE conversation_id=?)", (conv,))
+        return where
+
+    def dump(self, conv: str) -> dict[str, Any]:
+        """Every stored row of one conversation (and the file's embedder settings), as JSON values: what
+        `load_dump` restores, row for row (blobs as base64)."""
+        import base64
+
+        def cell(v):
+            return {"b64": base64.b64encode(v).decode()} if isinstance(v, bytes) else v
+
+        tables = {}
+        with self.snapshot():
+            for table, (where, args) in self._dump_where(conv).items():
+                fts = table in FTS_TABLES
+                n = len(self.db.execute(f"PRAGMA table_info({table})").fetchall())
+                order = "rowid" if fts else ", ".join(str(i + 1) for i in range(min(n, 3)))
+                cur = self.db.execute(f"SELECT {'rowid, ' if fts else ''}* FROM {table} WHERE {where} ORDER BY {order}",
+                                      args)
+                cols = [d[0] for d in cur.description]
+                tables[table] = {"columns": cols, "rows": [[cell(v) for v in r] for r in cur]}
+            meta = {k: self.get_meta(k) for k in self.DUMP_META if self.get_meta(k) is not None}
+        return {"format": self.DUMP_FORMAT, "version": self.DUMP_VERSION, "schema_version": SCHEMA_VERSION,
+                "conversation_id": conv, "meta": meta, "tables": tables}
+
+    def load_dump(self, dump: Any, source: str) -> tuple[str, int]:
+        """Restore a `dump` into this file, in one transaction; refused (naming `source` and the field) when
+        malformed, when the file already holds its conversation, or when the embedders differ. Returns the
+        conversation id and its node count."""
+        import base64
+
+        def bad(msg: str) -> InputError:
+            return InputError(f"{source}: {msg}; nothing was imported")
+
+        if not isinstance(dump, dict) or dump.get("format") != self.DUMP_FORMAT:
+            raise bad(f"field 'memory.format' must be {self.DUMP_FORMAT!r} (write the file with command=export)")
+        if dump.get("version") != self.DUMP_VERSION or dump.get("schema_version") != SCHEMA_VERSION:
+            raise bad(f"fields 'memory.version'/'memory.schema_version' are {dump.get('version')!r}/"
+                      f"{dump.get('schema_version')!r}; this runtime reads {self.DUMP_VERSION}/{SCHEMA_VERSION}")
+        conv, meta, tables = dump.get("conversation_id"), dump.get("meta"), dump.get("tables")
+        if not isinstance(conv, str) or not conv:
+            raise bad("field 'memory.conversation_id' must be a non-empty string")
+        if not isinstance(meta, dict) or not all(k in self.DUMP_META and isinstance(v, str) for k, v in meta.items()):
+            raise bad(f"field 'memory.meta' must map some of {', '.join(self.DUMP_META)} to strings")
+        want = self._dump_where(conv)
+        if not isinstance(tables, dict) or set(tables) != set(want):
+            raise bad(f"field 'memory.tables' must hold exactly the tables {', '.join(sorted(want))}")
+        if conv in self.conversations():
+            raise bad(f"memory {self.path} already holds conversation {conv!r} (import into a new file, or "
+                      "forget it first)")
+        for k in ("embedding_dim", "embedder"):
+            have = self.get_meta(k)
+            if have is not None and k in meta and have != meta[k]:
+                raise bad(f"its {k} is {meta[k]!r}, this memory's is {have!r}")
+        rows_by_table = {}
+        for table in want:
+            t = tables[table]
+            fts = table in FTS_TABLES
+            cols = (["rowid"] if fts else []) + [r[1] for r in self.db.execute(f"PRAGMA table_info({table})")]
+            if not isinstance(t, dict) or t.get("columns") != cols or not isinstance(t.get("rows"), list):
+                raise bad(f"field 'memory.tables.{table}' must be {{columns: {cols}, rows: [...]}}")
+            rows = []
+            for i, r in enumerate(t["rows"]):
+                if not isinstance(r, list) or len(r) != len(cols):
+                    raise bad(f"memory.tables.{table}.rows[{i}] must be a list of {len(cols)} values")
+                row = []
+                for c, v in zip(cols, r):
+                    if isinstance(v, dict) and set(v) == {"b64"} and isinstance(v["b64"], str):
+                        try:
+                            v = base64.b64decode(v["b64"], validate=True)
+                        except ValueError:
+                            raise bad(f"memory.tables.{table}.rows[{i}].{c} is not valid base64") from None
+                    elif not (v is None or isinstance(v, (str, float)) or (isinstance(v, int) and not isinstance(v, bool))):
+                        raise bad(f"memory.tables.{table}.rows[{i}].{c} must be a string, number, null or "
+                                  f"{{b64}}, got {type(v).__name__}")
+                    elif isinstance(v, int) and not -2**63 <= v < 2**63:
+                        raise bad(f"memory.tables.{table}.rows[{i}].{c} = {v} is beyond 64 bits")
+                    row.append(v)
+                rows.append(row)
+            rows_by_table[table] = (cols, rows)
+        order = ["nodes", "links", "forked_roots", "facts", "records", "artifacts", "events", "provenance",
+                 "forgotten_turns", "index_tombstones", *FTS_TABLES]
+        try:
+            with self.transaction():
+                self.db.execute("PRAGMA defer_foreign_keys=ON")  # parents and revision links in any row order
+                for k, v in meta.items():
+                    if k == "node_id_floor":
+                        v = str(max(int(v), int(self.get_meta(k) or 0)))
+                    self.set_meta(k, v)
+                for table in order:
+                    cols, rows = rows_by_table[table]
+                    for i, row in enumerate(rows):
+                        try:
+                            self.db.execute(f"INSERT INTO {table}({', '.join(cols)}) VALUES({', '.join('?' * len(cols))})",
+                                            row)
+                        except sqlite3.IntegrityError as e:
+                            raise bad(f"memory.tables.{table}.rows[{i}]: {e}") from None
+                problems = [p for p in self.check() if "integrity_check" not in p]
+                if problems:
+                    raise bad("the rows are not a consistent memory: " + "; ".join(problems[:3]))
+        except sqlite3.IntegrityError as e:
+            raise bad(f"the rows are not a consistent memory: {e}") from None
+        return conv, len(rows_by_table["nodes"][1])
+
     def speakers(self, conv: str) -> set[str]:
         return {r[0] for r in self.db.execute(
             "SELECT DISTINCT speaker FROM nodes WHERE conversation_id=? AND speaker IS NOT NULL", (conv,))}
@@ -639,9 +871,38 @@ class Store:
         return int(self.db.execute("SELECT id FROM nodes WHERE root_id=? ORDER BY seq DESC LIMIT 1",
                                    (root_id,)).fetchone()[0])
 
+    max_postings = 2000  # fts_search leaves out terms found in more rows than this (runtime.recall)
+
+    def term_rows(self, table: str, terms: list[str]) -> dict[str, int]:
+        """How many rows of an FTS5 table (every conversation) hold each term, from its fts5vocab view (a
+        temp table: nothing is written to the file). Terms are stemmed as the table's porter tokenizer does."""
+        vocab = f"temp.{table}_vocab"
+        if not getattr(self, "_vocab", None):
+            self._vocab: set[str] = set()
+        if table not in self._vocab:
+            self.db.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {vocab} USING fts5vocab(main, {table}, 'row')")
+            self._vocab.add(table)
+        out = {}
+        for t in terms:
+            row = self.db.execute(f"SELECT doc FROM {vocab} WHERE term=?", (_porter(t),)).fetchone()
+            out[t] = int(row[0]) if row else 0
+        return out
+
+    def _query(self, table: str, text: str) -> str | None:
+        """The FTS5 OR-query of text's content words, less those held by more than `max_postings` rows."""
+        words = fts_terms(text)
+        if words and self.max_postings:
+            df = self.term_rows(table, words)
+            words = [w for w in words if df[w] <= self.max_postings]
+        return " OR ".join(f'"{t}"' for t in words) or None
+
     def fts_search(self, table: str, conv: str, text: str, k: int) -> list[tuple[int, float]]:
-        """BM25 search of one conversation's rows in an FTS5 table (columns: conv, then the text column)."""
-        q = fts_query(text)
+        """BM25 search of one conversation's rows in an FTS5 table (columns: conv, then the text column).
+
+        A term held by more than `max_postings` rows is left out: BM25 would score every row holding it
+        (the cost grew with the conversation on common words) while its weight is close to nothing. A
+        text made only of such terms finds nothing here; the other recall channels still run."""
+        q = self._query(table, text)
         if not q:
             return []
         column = "topic" if table == "root_fts" else "lex"
@@ -697,7 +958,7 @@ class Store:
         return fid
 
     def search_facts(self, conv: str, text: str, k: int) -> list[tuple[AtomicFact, float]]:
-        q = fts_query(text)
+        q = self._query("fact_fts", text)
         if not q:
             return []
         rows = self.db.execute(
