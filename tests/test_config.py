@@ -176,7 +176,7 @@ ENTRY_POINT_MISTAKES = [
      "option preset.question_types[0] must be one of update_current"),
     ("data_gen.locomo", ["input=../shared/data/locomo", "overwrite=maybe"], "option overwrite must be true or false"),
     ("eval.run", ["budget=lots"], "option budget must be an integer, got 'lots'"),
-    ("eval.bench", ["target=gpu"], "option target must be one of extract, runtime, train"),
+    ("eval.bench", ["target=gpu"], "option target must be one of extract, runtime, scale, train"),
     ("eval.locomo_cv", ["folds=one"], "option folds must be an integer"),
     ("arbor_train.train", ["optim.lr=abc"], "option optim.lr must be a number, got 'abc'"),
     ("arbor_train.export", ["out=x"], "option run_dir is required"),

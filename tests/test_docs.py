@@ -119,7 +119,8 @@ def test_every_eval_table_runs_at_smoke_size(name, smoke_data, tmp_path):
 
 
 # ---------------------------------------------------------------------- tutorials at smoke size
-TUTORIALS = ["own_conversations", "plug_a_bundle", "reproduce_a_table", "add_a_benchmark", "add_a_read_layer"]
+TUTORIALS = ["own_conversations", "plug_a_bundle", "reproduce_a_table", "add_a_benchmark", "add_a_read_layer",
+             "add_a_role"]
 SMOKE = {  # appended to a tutorial's command by module, so it runs in seconds
     "arbor_train.train": ["trainer.max_steps=2", "data.max_val_examples=16", "task.compare_baselines=false",
                           "logger=csv"],

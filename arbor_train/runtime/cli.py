@@ -87,6 +87,8 @@ def _memory_path(cfg: DictConfig, must_exist: bool) -> Path:
     p = Path(str(p))
     if must_exist and not p.exists():
         raise ConfigError(f"memory={str(p)!r} does not exist; build one first with command=ingest")
+    if must_exist and p.is_file() and p.stat().st_size == 0:
+        raise ConfigError(f"memory={str(p)!r} is an empty file, not a memory; build one with command=ingest")
     return p
 
 

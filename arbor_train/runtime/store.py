@@ -191,6 +191,11 @@ class Store:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         if self.path != ":memory:" and Path(self.path).is_dir():
             raise InputError(f"memory={self.path!r} is a folder; pass the memory's SQLite file")
+        if self.path != ":memory:" and Path(self.path).is_file() and Path(self.path).stat().st_size > 0:
+            with open(self.path, "rb") as f:  # SQLite would take a short or foreign file for an empty database
+                if f.read(16) != b"SQLite format 3\x00":
+                    raise InputError(f"memory={self.path!r} is not an SQLite file (no SQLite header: damaged, or "
+                                     "another kind of file); it was left as it is")
         if read_only and self.path != ":memory:":
             if not Path(self.path).is_file():
                 raise InputError(f"memory={self.path!r} does not exist")
@@ -331,7 +336,7 @@ class Store:
     def close(self) -> None:
         if getattr(self, "checkpoint_pending", False):  # a forget's checkpoint found a reader: retry now
             try:
-                self.checkpoint_pending = bool(self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0])
+                self.checkpoint_pending = bool(self.checkpoint())
             except sqlite3.Error:  # the next forget or close checkpoints again
                 pass
         self.db.close()
@@ -624,9 +629,16 @@ class Store:
         commits, and costs one pragma to read (https://sqlite.org/pragma.html#pragma_data_version)."""
         return int(self.db.execute("PRAGMA data_version").fetchone()[0])
 
+    CHECKPOINT_WAIT_MS = 2000  # how long a checkpoint waits for readers of an old snapshot to finish
+
     def checkpoint(self) -> int:
-        """Truncate the write-ahead log into the file; 1 when a reader's snapshot kept it busy."""
-        return int(self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0])
+        """Truncate the write-ahead log into the file; 1 when a reader's snapshot kept it busy (after waiting
+        up to CHECKPOINT_WAIT_MS for it, not the 30 s a write waits)."""
+        self.db.execute(f"PRAGMA busy_timeout={self.CHECKPOINT_WAIT_MS}")
+        try:
+            return int(self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0])
+        finally:
+            self.db.execute("PRAGMA busy_timeout=30000")
 
     def set_root_topic(self, conv: str, root_id: int, topic: str) -> None:
         self.db.execute("DELETE FROM root_fts WHERE rowid=?", (root_id,))
