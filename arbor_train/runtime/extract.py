@@ -10,6 +10,8 @@ always pass through validate.py before anything reaches the store; `ExtractorSet
 
 from __future__ import annotations
 
+from ..errors import ConfigError
+
 import functools
 import json
 import logging
@@ -275,7 +277,7 @@ def build_extractor(spec, cache: dict) -> Extractor:
                         f"{str(next(model.parameters()).dtype).replace('torch.', '')}")
         ex = LLMExtractor(llm, spec.get("max_new_tokens", 256), kinds=b.manifest.get("kinds"))
     else:
-        raise ValueError(f"runtime option extractors.<kind>.kind must be heuristic, prompted or bundle, got {kind!r}")
+        raise ConfigError(f"runtime option extractors.<kind>.kind must be heuristic, prompted or bundle, got {kind!r}")
     cache[key] = ex
     return ex
 

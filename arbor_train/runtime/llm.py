@@ -9,6 +9,8 @@ Both expose the same two calls:
 
 from __future__ import annotations
 
+from ..errors import ConfigError
+
 import hashlib
 import json
 import logging
@@ -43,7 +45,7 @@ def resolve_dtype(dtype: str, device: str = "cpu"):
         dtype = "bf16" if native else "fp32"
     table = {"auto": "auto", "bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
     if dtype not in table:
-        raise ValueError(f"option llm.dtype must be auto, auto_bf16, bf16, fp32 or fp16, got {dtype!r}")
+        raise ConfigError(f"option llm.dtype must be auto, auto_bf16, bf16, fp32 or fp16, got {dtype!r}")
     return table[dtype]
 
 
@@ -197,7 +199,7 @@ class OpenAIEndpoint:
     def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", timeout_s: float = 60.0,
                  max_retries: int = 2):
         if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"answer/LLM option base_url must start with http:// or https://, got {base_url!r}")
+            raise ConfigError(f"answer/LLM option base_url must start with http:// or https://, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.name = model
         self.cache_id = f"openai:{self.base_url}|{model}"  # another endpoint serving the same name is another model
@@ -262,4 +264,4 @@ def build_llm(cfg) -> LLM:
         return OpenAIEndpoint(**cfg)
     if backend == "bundle":
         return HFCausalLM.from_bundle(**cfg)
-    raise ValueError(f"LLM option backend must be 'hf', 'openai' or 'bundle', got {backend!r}")
+    raise ConfigError(f"LLM option backend must be 'hf', 'openai' or 'bundle', got {backend!r}")

@@ -7,6 +7,8 @@ Parent -> child edges are lines; a fork inside a root opens a sub-row of that ro
 
 from __future__ import annotations
 
+from ..errors import ConfigError
+
 import textwrap
 from dataclasses import asdict
 from pathlib import Path
@@ -70,7 +72,7 @@ def forest_json(mem: "ArborMemory", highlight: list[int] | None = None) -> dict[
 def _check_suffix(out_path: str | Path) -> str:
     suffix = Path(out_path).suffix.lower()
     if suffix not in RENDER_SUFFIXES:
-        raise ValueError(f"out={str(out_path)!r}: a forest picture is written as .png or .svg "
+        raise ConfigError(f"out={str(out_path)!r}: a forest picture is written as .png or .svg "
                          f"(got suffix {suffix or 'none'!r})")
     return suffix
 

@@ -14,6 +14,8 @@ entities (`Candidate.document()`), never only its raw text: that is what makes t
 
 from __future__ import annotations
 
+from ..errors import ConfigError
+
 import math
 import re
 from typing import Protocol
@@ -342,7 +344,7 @@ def build_reranker(cfg) -> Reranker:
         return CrossEncoderReranker.from_base(**opts)
     if kind == "bundle":
         if not opts.get("path"):
-            raise ValueError("runtime option reranker.bundle.path is required when reranker.kind=bundle")
+            raise ConfigError("runtime option reranker.bundle.path is required when reranker.kind=bundle")
         return load_bundle_reranker(**opts)
-    raise ValueError(
+    raise ConfigError(
         f"runtime option reranker.kind must be heuristic, prompted, cross_encoder_untuned or bundle, got {kind!r}")

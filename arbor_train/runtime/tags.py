@@ -6,6 +6,8 @@ causal LM, and a tuned bundle (multi-label encoder head, or a causal LM writing 
 
 from __future__ import annotations
 
+from ..errors import ConfigError
+
 from typing import Protocol
 
 from ..prompts import tag_messages
@@ -76,7 +78,7 @@ def build_tagger(cfg, ontology: dict[str, list[str]]) -> Tagger:
     if kind == "bundle":
         cfg = opts
         if not cfg.get("path"):
-            raise ValueError("runtime option tagger.bundle.path is required when tagger.kind=bundle")
+            raise ConfigError("runtime option tagger.bundle.path is required when tagger.kind=bundle")
         from .bundle import load_bundle
         from .llm import HFCausalLM
 
@@ -87,4 +89,4 @@ def build_tagger(cfg, ontology: dict[str, list[str]]) -> Tagger:
                                  int(b.manifest.get("max_length", 128)), name=f"bundle:{cfg['path']}")
         return LLMTagger(HFCausalLM.from_parts(model, tok, name=f"bundle:{cfg['path']}"),
                          b.manifest.get("labels") or list(ontology))
-    raise ValueError(f"runtime option tagger.kind must be heuristic, prompted or bundle, got {kind!r}")
+    raise ConfigError(f"runtime option tagger.kind must be heuristic, prompted or bundle, got {kind!r}")
