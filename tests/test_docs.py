@@ -170,7 +170,7 @@ def blocks(name: str, lang: str) -> list[str]:
 
 
 def smoke_command(line: str, tmp: Path) -> list[str]:
-    argv = shlex.split(line)
+    argv = shlex.split(line, comments=True)  # as bash reads it: a trailing # comment is not an argument
     assert argv[:2] == ["python", "-m"], line
     module = argv[2]
     extra = list(SMOKE.get(module, []))
