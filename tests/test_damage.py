@@ -228,7 +228,8 @@ DAMAGE = st.fixed_dictionaries({
     "target": st.sampled_from(["index", "database", "checksum", "index-folder", "none"]),
     "offset": st.integers(0, 1 << 20), "length": st.integers(1, 256), "fill": st.integers(0, 255),
     "truncate": st.booleans(),
-    "op": st.sampled_from(["ask", "show", "export", "ingest", "forget-entity", "forget-question", "forget-nodes"]),
+    "op": st.sampled_from(["ask", "show", "export", "ingest", "forget-entity", "forget-question", "forget-nodes",
+                           "concurrent-forgets"]),
 })
 
 
@@ -275,8 +276,26 @@ def damage_body(d: dict, base: Path, work: Path) -> None:
             "ingest": ["command=ingest", f"input={write_json(work / 'more.json', long_conversation(4))}"],
             "forget-entity": ["command=forget", "entity=Bob", "force=true"],
             "forget-question": ["command=forget", "question='What is the venue budget of Bob?'"],
-            "forget-nodes": ["command=forget", "nodes=[3]"]}[d["op"]]
+            "forget-nodes": ["command=forget", "nodes=[3]"]}.get(d["op"])
     DAMAGE_STATS["inputs"] = DAMAGE_STATS.get("inputs", 0) + 1
+    if d["op"] == "concurrent-forgets":  # two processes forget at once on the damaged file
+        import multiprocessing as mp
+
+        ctx = mp.get_context("fork")
+        out = ctx.Queue()
+        procs = [ctx.Process(target=_forget_in_child, args=(str(mem), n, out)) for n in ("Bob", "Maria")]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+        assert [p.exitcode for p in procs] == [0, 0], "a forgetting process crashed"
+        results = [out.get(timeout=5)[1] for _ in procs]
+        assert all(r == "ok" or r.startswith("refused: ") for r in results), results
+        DAMAGE_STATS["done" if all(r == "ok" for r in results) else "refused"] = \
+            DAMAGE_STATS.get("done" if all(r == "ok" for r in results) else "refused", 0) + 1
+        if not any(r == "ok" for r in results):
+            assert mem.read_bytes() == before, "refused forgets changed the database"
+        return
     try:
         run(make_cfg(*args, f"memory={mem}", "runtime.store.lock_timeout_s=0"))
     except UserError:
@@ -292,7 +311,7 @@ def damage_body(d: dict, base: Path, work: Path) -> None:
 @given(d=DAMAGE)
 def test_damaged_files_end_in_a_clear_error_or_success_never_a_crash(d, damage_base):
     """Damaged index, checksum and database bytes (overwritten or truncated), an index folder that is a file,
-    under every command: each ends in success or a UserError (an `error:` line, exit 2), never another
+    under every command, and two processes forgetting at once: each ends in success or a UserError (an `error:` line, exit 2), never another
     exception or a crash, and a refused command leaves the database's bytes as they were."""
     damage_body(d, damage_base, damage_base / "work")
 
@@ -362,3 +381,30 @@ def test_odd_values_are_error_lines_not_tracebacks(memory, tmp_path, args, msg):
     with pytest.raises(UserError, match=msg):
         run(make_cfg(*args, f"memory={memory}"))
     assert content(memory) == before
+
+
+def test_check_verifies_a_memory_and_repair_rebuilds_its_derived_indexes(memory, tmp_path):
+    """command=check reports (writes nothing, exit 2 on a problem); command=repair rebuilds the text and vector
+    indexes from the stored rows, after which check passes and the rows are as they were."""
+    before = content(memory)
+    files = files_of(memory.parent / f"{memory.name}.hnsw")
+    assert run(make_cfg("command=check", f"memory={memory}"))["problems"] == []
+    assert files_of(memory.parent / f"{memory.name}.hnsw") == files
+    damage(index_path(str(memory), "default"), [48, 52])
+    with pytest.raises(UserError, match="vector index of conversation 'default' .* does not match its checksum"):
+        run(make_cfg("command=check", f"memory={memory}"))
+    proc = cli("command=check", f"memory={memory}", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "command=repair" in proc.stderr
+    run(make_cfg("command=repair", f"memory={memory}"))
+    assert run(make_cfg("command=check", f"memory={memory}"))["problems"] == []
+    assert content(memory) == before
+
+
+def test_the_lock_is_never_followed_through_a_link(tmp_path):
+    target = tmp_path / "precious.txt"
+    target.write_text("not a lock")
+    mem = tmp_path / "m.sqlite"
+    Path(f"{mem}.lock").symlink_to(target)
+    with pytest.raises(UserError, match=r"m.sqlite.lock: cannot be the memory's lock file .*a link is never followed"):
+        ingest(write_json(tmp_path / "c.json", long_conversation(3)), mem)
+    assert target.read_text() == "not a lock"

@@ -5,6 +5,8 @@
     python -m arbor_train.runtime.cli command=show memory=outputs/mem.sqlite
     python -m arbor_train.runtime.cli command=export out=forest.json memory=outputs/mem.sqlite
     python -m arbor_train.runtime.cli command=import input=forest.json memory=outputs/copy.sqlite
+    python -m arbor_train.runtime.cli command=check memory=outputs/mem.sqlite     # verify; writes nothing
+    python -m arbor_train.runtime.cli command=repair memory=outputs/mem.sqlite    # rebuild derived indexes
     python -m arbor_train.runtime.cli command=render out=forest.png highlight_question='...' memory=...
     python -m arbor_train.runtime.cli command=forget entity=Caroline dry_run=true memory=outputs/mem.sqlite
 
@@ -36,7 +38,7 @@ from ..conversations.files import DEFAULT_LIMITS, check_conversation_id, check_t
 from ..errors import ConfigError, InputError, entry_point, parse_bool, parse_int
 from ..paths import CONF_DIR
 
-COMMANDS = ("ingest", "ask", "show", "export", "import", "render", "forget")
+COMMANDS = ("ingest", "ask", "show", "export", "import", "render", "forget", "check", "repair")
 PER_TURN_LINES_BELOW = 50  # ingest prints one line per turn below this many turns, else a summary
 TOP_CANDIDATES = 8
 
@@ -286,6 +288,70 @@ def _import(cfg: DictConfig) -> dict:
     return {"conversation_id": conv, "memory": str(path), "nodes": n, "counts": counts}
 
 
+def _derived_problems(path: Path, convs: list[str]) -> list[str]:
+    from .index import index_file_problem, index_path
+
+    out = []
+    for conv in convs:
+        ip = index_path(str(path), conv)
+        if ip is not None and ip.exists() and (why := index_file_problem(ip)):
+            out.append(f"vector index of conversation {safe(conv, False)!r} ({ip.name}) {why}")
+    return out
+
+
+def _check(cfg: DictConfig) -> dict:
+    """Verify a memory without changing it: SQLite and FTS5 integrity, the forest and provenance invariants
+    (Store.check), and every vector index file's checksum. Problems: an error line, exit 2."""
+    from .store import Store
+
+    path = _memory_path(cfg, must_exist=True)
+    store = Store(str(path))  # FTS5's integrity-check is issued as a write statement; it changes nothing
+    try:
+        problems = store.check()
+        convs = list(store.conversations())
+    finally:
+        store.close()
+    problems += _derived_problems(path, convs)
+    if problems:
+        raise InputError(f"memory {path}: {len(problems)} problems: " + "; ".join(problems[:8])
+                         + ". command=repair rebuilds the derived indexes (text and vector); a base table that "
+                         "fails is not repairable here: restore it from an export (command=import)")
+    print(f"memory {path}: ok ({len(convs)} conversations; SQLite, text indexes, forest, provenance and vector "
+          "index checksums verified)")
+    return {"memory": str(path), "conversations": convs, "problems": []}
+
+
+def _repair(cfg: DictConfig) -> dict:
+    """Rebuild what is derived from the rows: every FTS5 index and every conversation's vector index."""
+    from .index import VectorIndex, index_path
+    from .store import Store
+
+    path = _memory_path(cfg, must_exist=True)
+    store = Store(str(path), synchronous=cfg.runtime.store.synchronous)
+    try:
+        store.lock_for_writing(float(cfg.runtime.store.lock_timeout_s))
+        store.rebuild_text_indexes()
+        dim = store.get_meta("embedding_dim")
+        convs = list(store.conversations())
+        for conv in convs:
+            ip = index_path(str(path), conv)
+            if ip is None or dim is None:
+                continue
+            ix = VectorIndex.__new__(VectorIndex)  # no load of the old file: build from SQLite
+            VectorIndex.__init__(ix, store, conv, int(dim), None)
+            ix.path = ip
+            ix._unsaved = 1
+            ix.save()
+        problems = store.check()
+    finally:
+        store.close()
+    problems += _derived_problems(path, convs)
+    if problems:
+        raise InputError(f"memory {path}: still {len(problems)} problems after the repair: " + "; ".join(problems[:8]))
+    print(f"repaired {path}: text indexes and {len(convs)} vector indexes rebuilt from the stored rows; check passes")
+    return {"memory": str(path), "conversations": convs}
+
+
 def _render(cfg: DictConfig) -> dict:
     from .render import RENDER_SUFFIXES, render_forest
 
@@ -349,7 +415,7 @@ def _forget(cfg: DictConfig) -> dict:
 
 
 HANDLERS = {"ingest": _ingest, "ask": _ask, "show": _show, "export": _export, "import": _import, "render": _render,
-            "forget": _forget}
+            "forget": _forget, "check": _check, "repair": _repair}
 
 
 def run(cfg: DictConfig) -> dict:

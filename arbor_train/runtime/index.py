@@ -114,12 +114,7 @@ class VectorIndex:
 
     def _invalid(self) -> str | None:
         """Why the index file must not be loaded (None: its checksum matches the one saved with it)."""
-        try:
-            want = self.checksum_path.read_text().strip()
-        except (OSError, UnicodeDecodeError):
-            return "has no checksum"
-        got = hashlib.sha256(self.path.read_bytes()).hexdigest()
-        return None if got == want else "does not match its checksum (damaged or edited)"
+        return index_file_problem(self.path)
 
     def _remove_dead_temp_files(self) -> None:
         """Delete `<index>.<pid>.tmp` files whose process is gone (a save killed half-way)."""
@@ -248,6 +243,16 @@ class VectorIndex:
             if ef != self.ef_search:
                 self.index.set_ef(self.ef_search)
         return [(int(l), float(1.0 - d)) for l, d in zip(labels[0], dist[0])]
+
+
+def index_file_problem(path: Path) -> str | None:
+    """Why a saved index file must not be loaded: no checksum beside it, or one that differs (None: valid)."""
+    try:
+        want = path.with_name(path.name + ".sha256").read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return "has no checksum"
+    got = hashlib.sha256(path.read_bytes()).hexdigest()
+    return None if got == want else "does not match its checksum (damaged or edited)"
 
 
 def _alive(pid: int) -> bool:

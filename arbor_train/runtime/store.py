@@ -629,6 +629,12 @@ class Store:
         commits, and costs one pragma to read (https://sqlite.org/pragma.html#pragma_data_version)."""
         return int(self.db.execute("PRAGMA data_version").fetchone()[0])
 
+    def rebuild_text_indexes(self) -> None:
+        """Rebuild every FTS5 index from the rows it holds (derived: `command=repair`)."""
+        with self.transaction():
+            for fts in FTS_TABLES:
+                self.db.execute(f"INSERT INTO {fts}({fts}) VALUES('rebuild')")
+
     CHECKPOINT_WAIT_MS = 2000  # how long a checkpoint waits for readers of an old snapshot to finish
 
     def checkpoint(self) -> int:
