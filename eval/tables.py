@@ -69,18 +69,15 @@ def load(name: str) -> dict:
         for key in ("module", "config", "rows_from"):
             if not isinstance(t.get(key), str):
                 raise ConfigError(f"conf/table/{name}.yaml: field {key!r} must be a string (kind module)")
-        if not isinstance(t.get("columns"), list) or not t["columns"]:
-            raise ConfigError(f"conf/table/{name}.yaml: field 'columns' must list results keys")
-        t["columns"] = [_column(name, c) for c in t["columns"]]
-        t.setdefault("common", [])
         t["budgets"] = [None]
     if t["kind"] == "eval":
         if not isinstance(t.get("rows"), dict) or not t["rows"]:
             raise ConfigError(f"conf/table/{name}.yaml: field 'rows' must map row labels to eval.run overrides")
+        t.setdefault("budgets", [2048])
+    if t["kind"] in ("eval", "module"):
         if not isinstance(t.get("columns"), list) or not t["columns"]:
             raise ConfigError(f"conf/table/{name}.yaml: field 'columns' must list results keys")
         t["columns"] = [_column(name, c) for c in t["columns"]]
-        t.setdefault("budgets", [2048])
         t.setdefault("common", [])
     t.setdefault("smoke", [])
     return t
@@ -244,29 +241,23 @@ def run_table(name: str, overrides: list[str], out: str | Path | None = None) ->
     extra: dict = {}
     if t["kind"] == "pipeline":
         rows, md, pics, extra = run_pipeline(t, overrides, out)
-    elif t["kind"] == "module":
-        import shutil
-
-        runs = REPO_ROOT / "outputs" / "tables" / name if out.resolve().is_relative_to(GENERATED.resolve()) else out / "runs"
-        shutil.rmtree(runs, ignore_errors=True)
-        rows, found = run_module(t, overrides, runs)
-        md = render(t, rows)
-        pics = []
-        for p in found:
-            shutil.copy(p, out / p.name)
-            pics.append(out / p.name)
     else:
         import shutil
 
-        from .report import plots
-
         runs = REPO_ROOT / "outputs" / "tables" / name if out.resolve().is_relative_to(GENERATED.resolve()) else out / "runs"
         shutil.rmtree(runs, ignore_errors=True)  # the table is this run's rows only
-        rows = run_eval(t, overrides, runs)
-        md = render(t, rows)
-        from .report import collect
+        if t["kind"] == "module":
+            rows, found = run_module(t, overrides, runs)
+            pics = []
+            for p in found:
+                shutil.copy(p, out / p.name)
+                pics.append(out / p.name)
+        else:
+            from .report import collect, plots
 
-        pics = plots(collect([runs]), out)
+            rows = run_eval(t, overrides, runs)
+            pics = plots(collect([runs]), out)
+        md = render(t, rows)
     wall = time.perf_counter() - t0
     command = shlex.join(["python", "-m", "eval.compare", f"table={name}", *overrides])
     (out / "table.md").write_text(md)

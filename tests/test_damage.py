@@ -184,7 +184,7 @@ def test_read_commands_never_write_and_a_read_only_copy_can_be_read(memory, tmp_
     before = files_of(folder)
     out = tmp_path / "out"
     for args in (["command=ask", "question=What is the hotel budget?"], ["command=show"],
-                 [f"command=export", f"out={out / 'f.json'}"], [f"command=render", f"out={out / 'f.svg'}"]):
+                 ["command=export", f"out={out / 'f.json'}"], ["command=render", f"out={out / 'f.svg'}"]):
         run(make_cfg(*args, f"memory={mem}"))
         assert files_of(folder) == before, args  # the stale index was rebuilt in memory, not on disk
     copy_dir = tmp_path / "copy"

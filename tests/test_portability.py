@@ -58,6 +58,8 @@ def _broken(data: dict, how: str) -> dict:
     elif how == "dangling parent":
         cols = m["tables"]["nodes"]["columns"]
         m["tables"]["nodes"]["rows"][-1][cols.index("parent_id")] = 999999
+    elif how == "floor":
+        m["meta"]["node_id_floor"] = "many"
     elif how == "duplicate id":
         m["tables"]["nodes"]["rows"].append(list(m["tables"]["nodes"]["rows"][0]))
     return d
@@ -69,6 +71,7 @@ def _broken(data: dict, how: str) -> dict:
     ("value type", r"rows\[0\].conversation_id must be a string, number, null"),
     ("beyond 64 bits", "is beyond 64 bits"), ("dangling parent", "not a consistent memory|FOREIGN KEY|rows"),
     ("duplicate id", r"memory.tables.nodes.rows\[\d+\]: UNIQUE"),
+    ("floor", "field 'memory.meta.node_id_floor' must be a whole number"),
 ])
 def test_a_malformed_export_is_refused_and_imports_nothing(exported, tmp_path, how, msg):
     _, out = exported

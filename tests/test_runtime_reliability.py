@@ -24,7 +24,7 @@ from arbor_train.conversations.files import load_conversation
 from arbor_train.errors import UserError
 from arbor_train.paths import REPO_ROOT
 from arbor_train.runtime import ArborMemory
-from arbor_train.runtime.cli import run
+from arbor_train.runtime.cli import hydra_quote, run
 from arbor_train.runtime.turnkeys import turn_keys
 from arbor_train.runtime.index import index_path
 from arbor_train.runtime.store import SCHEMA_VERSION, MemoryBusy, Store, conv_token
@@ -53,9 +53,7 @@ def ingest(conv_file: Path, mem: Path, *overrides: str) -> dict:
     return run(make_cfg("command=ingest", f"input={conv_file}", f"memory={mem}", *overrides))
 
 
-def quoted(value: str) -> str:
-    """A Hydra override value that keeps any characters (spaces, '/', non-ASCII)."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+quoted = hydra_quote  # a Hydra override value that keeps any characters (spaces, '/', non-ASCII)
 
 
 def ask(mem: Path, question: str, conv: str) -> dict:

@@ -146,9 +146,8 @@ def _ingest(cfg: DictConfig) -> dict:
     known = store.turn_keys(conv)
     forgotten = store.forgotten_turn_keys(conv)  # forgotten on request: a replay must not restore them
     # a forget recorded before schema v5 holds the old chained key (its text is gone, so it was not re-keyed)
-    legacy = set(chain_keys(turns)) & forgotten if forgotten else set()
-    olds = chain_keys(turns) if legacy else [None] * len(turns)
-    gone = [k in forgotten or o in legacy for k, o in zip(keys, olds)]
+    olds = chain_keys(turns) if forgotten else [None] * len(turns)
+    gone = [k in forgotten or o in forgotten for k, o in zip(keys, olds)]
     todo = [(i, t, k) for i, (t, k, g) in enumerate(zip(turns, keys, gone), 1) if k not in known and not g]
     matched = sum(k in known for k in keys)
     n_forgotten = sum(g and k not in known for k, g in zip(keys, gone))
@@ -337,11 +336,7 @@ def _repair(cfg: DictConfig) -> dict:
             ip = index_path(str(path), conv)
             if ip is None or dim is None:
                 continue
-            ix = VectorIndex.__new__(VectorIndex)  # no load of the old file: build from SQLite
-            VectorIndex.__init__(ix, store, conv, int(dim), None)
-            ix.path = ip
-            ix._unsaved = 1
-            ix.save()
+            VectorIndex(store, conv, int(dim), ip).rebuild()  # a fresh graph from SQLite, saved with its checksum
         problems = store.check()
     finally:
         store.close()

@@ -228,7 +228,7 @@ class LLMExtractor:
         msgs = [extract_messages(kind, t.user_text, t.assistant_text, t.timestamp) for t in turns]
         n = self.max_new_tokens if kind != "summary" else SUMMARY_TOKENS
         cache_id = getattr(self.llm, "cache_id", None)
-        from .llm import HFCausalLM, weights_id
+        from .llm import HFCausalLM
 
         chat = self.llm.chat
         if isinstance(self.llm, HFCausalLM):  # a local model: batch by prompt length

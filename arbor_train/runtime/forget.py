@@ -119,12 +119,12 @@ def select(mem: "ArborMemory", nodes: list[int] | None = None, branch: int | Non
     chosen: set[int] = set()
     forced: dict[str, set[int]] = {t: set() for t in DERIVED_TABLES}
     for nid in nodes or []:
-        n = st.get_node(int(nid)) if -2**63 <= int(nid) < 2**63 else None  # SQLite ids are 64-bit
+        n = st.get_node(int(nid))
         if n is None or n.conversation_id != conv:
             raise InputError(f"forget: option nodes: node {nid} is not a node of conversation {conv!r}")
         chosen.add(n.id)
     if branch is not None:
-        top = st.get_node(int(branch)) if -2**63 <= int(branch) < 2**63 else None
+        top = st.get_node(int(branch))
         if top is None or top.conversation_id != conv:
             raise InputError(f"forget: option branch: node {branch} is not a node of conversation {conv!r}")
         chosen |= st.subtree(top.id)

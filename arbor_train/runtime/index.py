@@ -75,7 +75,7 @@ class VectorIndex:
             if not self.read_only:
                 self._remove_dead_temp_files()
         if self.path is not None and self.path.exists():
-            why = self._invalid()
+            why = index_file_problem(self.path)
             if why:
                 log.warning("vector index %s %s; rebuilding it from the database", self.path, why)
             else:
@@ -107,14 +107,6 @@ class VectorIndex:
         elif self.path is not None and not self.path.exists() and len(db_ids) == 0:
             self._unsaved = 0
         self._version = self.store.data_version()
-
-    @property
-    def checksum_path(self) -> Path:
-        return self.path.with_name(self.path.name + ".sha256")
-
-    def _invalid(self) -> str | None:
-        """Why the index file must not be loaded (None: its checksum matches the one saved with it)."""
-        return index_file_problem(self.path)
 
     def _remove_dead_temp_files(self) -> None:
         """Delete `<index>.<pid>.tmp` files whose process is gone (a save killed half-way)."""
@@ -156,10 +148,11 @@ class VectorIndex:
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")  # one per process: no shared half-file
         self.index.save_index(str(tmp))
         digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
-        sums = self.checksum_path.with_name(f"{self.checksum_path.name}.{os.getpid()}.tmp")
+        final = checksum_path(self.path)
+        sums = final.with_name(f"{final.name}.{os.getpid()}.tmp")
         sums.write_text(digest + "\n")
         tmp.replace(self.path)  # a crash between these two leaves a mismatch: the next open rebuilds
-        sums.replace(self.checksum_path)
+        sums.replace(final)
         self._unsaved = 0
 
     # ------------------------------------------------------------------ operations
@@ -245,10 +238,15 @@ class VectorIndex:
         return [(int(l), float(1.0 - d)) for l, d in zip(labels[0], dist[0])]
 
 
+def checksum_path(path: Path) -> Path:
+    """Where an index file's sha256 is kept: beside it, `<file>.sha256`."""
+    return path.with_name(path.name + ".sha256")
+
+
 def index_file_problem(path: Path) -> str | None:
     """Why a saved index file must not be loaded: no checksum beside it, or one that differs (None: valid)."""
     try:
-        want = path.with_name(path.name + ".sha256").read_text().strip()
+        want = checksum_path(path).read_text().strip()
     except (OSError, UnicodeDecodeError):
         return "has no checksum"
     got = hashlib.sha256(path.read_bytes()).hexdigest()

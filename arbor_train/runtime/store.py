@@ -34,6 +34,7 @@ import json
 import os
 import re
 import time
+import unicodedata
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -158,8 +159,6 @@ def _porter(word: str) -> str:
         import Stemmer
 
         _PORTER = Stemmer.Stemmer("porter")
-    import unicodedata
-
     plain = "".join(c for c in unicodedata.normalize("NFKD", word.lower()) if not unicodedata.combining(c))
     return _PORTER.stemWord(plain)
 
@@ -660,6 +659,9 @@ class Store:
         self.db.execute(f"UPDATE nodes SET {', '.join(cols)} WHERE id=?", (*vals, node_id))
 
     def get_node(self, node_id: int) -> Node | None:
+        """The node, or None (also for an id SQLite cannot hold: beyond 64 bits)."""
+        if not -2**63 <= int(node_id) < 2**63:
+            return None
         row = self.db.execute(f"SELECT {_NODE_COLS} FROM nodes WHERE id=?", (node_id,)).fetchone()
         return self._node(row) if row else None
 
@@ -758,6 +760,9 @@ class Store:
             raise bad("field 'memory.conversation_id' must be a non-empty string")
         if not isinstance(meta, dict) or not all(k in self.DUMP_META and isinstance(v, str) for k, v in meta.items()):
             raise bad(f"field 'memory.meta' must map some of {', '.join(self.DUMP_META)} to strings")
+        for k in ("embedding_dim", "node_id_floor"):
+            if k in meta and not meta[k].isdigit():
+                raise bad(f"field 'memory.meta.{k}' must be a whole number, got {meta[k]!r}")
         want = self._dump_where(conv)
         if not isinstance(tables, dict) or set(tables) != set(want):
             raise bad(f"field 'memory.tables' must hold exactly the tables {', '.join(sorted(want))}")
