@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -48,17 +48,19 @@ def fingerprint(data_dir: str | Path, names: list[str]) -> str:
     return "sha256:" + h.hexdigest()[:32]
 
 
-def candidate_of(c: dict) -> Candidate:
-    """A candidate row of the routing / localization sets as the runtime's Candidate (channels included)."""
+def candidate_of(c: dict, as_question: bool = False) -> Candidate:
+    """A candidate row of the routing / localization sets as the runtime's Candidate (channels included);
+    `as_question`: scored as a question's candidate (its own turn, when the row carries it)."""
     ch = c.get("channels") or "{}"
     return Candidate(node_id=c["turn"], topic_key=c["topic_key"], path_summary=c["path_summary"],
                      node_summary=c["node_summary"], entities=list(c["entities"]), seq=c["turn"], root_id=-1,
                      channels=json.loads(ch) if isinstance(ch, str) else dict(ch),
-                     speaker=c.get("speaker"), back=c.get("back"), minutes=c.get("minutes"))
+                     speaker=c.get("speaker"), back=c.get("back"), minutes=c.get("minutes"),
+                     text=c.get("state_text") or "", timestamp=c.get("state_time"), as_question=as_question)
 
 
-def candidate_text(c: dict) -> str:
-    return candidate_of(c).document()
+def candidate_text(c: dict, as_question: bool = False) -> str:
+    return candidate_of(c, as_question).document()
 
 
 def gold_turns(row: dict, source: str) -> set[int]:
@@ -78,9 +80,11 @@ class RerankGroup:
     source: str          # routing | localization
     cands: list[dict]    # the candidate rows behind docs (same order), for baselines
     secondary: int = -1  # a multi-intent turn: index of its secondary gold (a second positive); -1 = none
+    golds: list[int] = field(default_factory=list)  # a multi-positive question: every gold index (gold among them)
 
 
-def rerank_groups(rows, source: str, group_size: int, include_new_root: bool = True) -> list[RerankGroup]:
+def rerank_groups(rows, source: str, group_size: int, include_new_root: bool = True, multi_positive: bool = False,
+                  question_document: str = "state") -> list[RerankGroup]:
     """The latest gold-trajectory state + the hardest negatives (by the runtime's own score).
 
     Other states of the gold trajectory are left out rather than used as negatives: attaching to any of
@@ -88,8 +92,14 @@ def rerank_groups(rows, source: str, group_size: int, include_new_root: bool = T
 
     A multi-intent routing row (`gold_secondary`) is a multi-positive group: the latest recalled state of
     its secondary trajectory joins as the second positive (`RerankGroup.secondary`), and that
-    trajectory's other states are left out of the negatives too."""
+    trajectory's other states are left out of the negatives too.
+
+    With `multi_positive`, a localization row (a question and the states holding its evidence) keeps
+    every recalled gold state as a positive (up to half the group, latest first; `RerankGroup.golds`),
+    and the loss is the probability mass on all of them. With `question_document: text` a
+    localization row's candidates are read as a question's (Candidate.question_document)."""
     out = []
+    as_question = source == "localization" and question_document == "text"
     for r in rows:
         cands = list(r["candidates"])
         gold = gold_turns(r, source)
@@ -101,18 +111,23 @@ def rerank_groups(rows, source: str, group_size: int, include_new_root: bool = T
         seconds = [c for c in cands if c["turn"] in second] if golds else []
         negs = sorted((c for c in cands if c["turn"] not in gold and c["turn"] not in second),
                       key=lambda c: -c["runtime_score"])
+        extra: list[dict] = []
+        if golds and multi_positive and source == "localization":
+            extra = sorted(golds, key=lambda c: -c["turn"])[1 : max(1, group_size // 2)]
         if golds:
             lead = [max(golds, key=lambda c: c["turn"])] + ([max(seconds, key=lambda c: c["turn"])] if seconds else [])
+            lead += extra
             docs = lead + negs[: group_size - len(lead)]
         else:
             docs = negs[:group_size]
         if not docs:
             continue
         order = sorted(range(len(docs)), key=lambda i: docs[i]["turn"])  # no positional shortcut
-        texts = [candidate_text(docs[i]) for i in order]
+        texts = [candidate_text(docs[i], as_question) for i in order]
         g = order.index(0) if golds else -1
+        many = [g] + [order.index(1 + bool(seconds) + j) for j in range(len(extra))] if extra else []
         out.append(RerankGroup(r["input"], texts, g, source, [docs[i] for i in order],
-                               order.index(1) if seconds else -1))
+                               order.index(1) if seconds else -1, many))
     return out
 
 
@@ -127,7 +142,8 @@ def encode_groups(groups: list[RerankGroup], tokenizer, max_length: int, pair_fe
     for g in groups:
         enc = encode_pairs(tokenizer, [g.query] * len(g.docs), g.docs, max_length)
         ex = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
-              "token_type_ids": enc.get("token_type_ids"), "gold": g.gold, "secondary": g.secondary}
+              "token_type_ids": enc.get("token_type_ids"), "gold": g.gold, "secondary": g.secondary,
+              "golds": g.golds}
         if pair_features:
             ex["features"], ex["query_features"] = features(g.query, [candidate_of(c) for c in g.cands], extra)
         out.append(ex)
@@ -145,7 +161,7 @@ def encode_groups_llm(groups: list[RerankGroup], tokenizer, max_length: int) -> 
         for d in g.docs:
             enc = tokenizer(rerank_prompt(tokenizer, g.query, d), add_special_tokens=False)["input_ids"]
             ids.append(enc[-max_length:])
-        out.append({"input_ids": ids, "attention_mask": [[1] * len(x) for x in ids], "gold": g.gold,
+        out.append({"input_ids": ids, "attention_mask": [[1] * len(x) for x in ids], "gold": g.gold, "golds": g.golds,
                     "secondary": g.secondary, "left_pad": True})
     return out
 
@@ -162,6 +178,10 @@ def collate_groups(batch: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
            "group_sizes": torch.tensor([len(ex["input_ids"]) for ex in batch]),
            "gold": torch.tensor([ex["gold"] for ex in batch]),
            "secondary": torch.tensor([ex.get("secondary", -1) for ex in batch])}
+    width = max([len(ex.get("golds") or []) for ex in batch] + [0])
+    if width:  # multi-positive groups: every gold index, padded with -1
+        out["golds"] = torch.tensor([list(ex.get("golds") or []) + [-1] * (width - len(ex.get("golds") or []))
+                                     for ex in batch])
     if batch and batch[0].get("token_type_ids"):
         out["token_type_ids"] = pad_sequences([t for ex in batch for t in ex["token_type_ids"]], 0, left)
     if batch and "features" in batch[0]:

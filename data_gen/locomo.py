@@ -170,7 +170,7 @@ def convert(convs, runtime_cfg: dict, categories: list[int], rules: list[str], p
                 continue
             gold = sorted({idx_of[e] for e in q.evidence if e in idx_of})
             loc = mem.localize(q.question, for_question=True)
-            cands = [candidate_row(c, turn_of) for c in loc.candidates]
+            cands = [candidate_row(c, turn_of, question=True) for c in loc.candidates]
             recall["questions"] += 1
             recall["evidence_in_candidates"] += any(c["turn"] in gold for c in cands)
             rows["localization"].append({

@@ -42,20 +42,29 @@ from arbor_train.errors import (
 )
 from arbor_train.paths import CONF_DIR
 
-# row name -> eval.run overrides ({tuned}: the overrides that plug the fold's bundles in, filled per fold)
+# row name -> eval.run overrides ({tuned}: the overrides that plug the main job's reranker, the tagger and the
+# fold's extraction in; {router}: the same with the fold's question router; both filled per fold)
 ROWS = {
-    "heuristic": "method=arbormem runtime/read_policy=cross_session",
+    # the runtime with the fold's router, read through the states it localizes (read policy cross_session)
+    "localized": "method=arbormem runtime/components=tuned_every_kind runtime/read_policy=cross_session {router}",
+    # the runtime before issue #40: BranchMemEval reranker, read policy cross_session_v1
+    "today": "method=arbormem runtime/components=tuned_every_kind runtime/read_policy=cross_session_v1 {tuned}",
+    "heuristic": "method=arbormem runtime/read_policy=cross_session_v1",
     # the conversation is extracted ahead in batches (LoCoMo builds memory once)
-    "untuned": "method=arbormem runtime/components=untuned_smollm2 runtime/read_policy=cross_session "
+    "untuned": "method=arbormem runtime/components=untuned_smollm2 runtime/read_policy=cross_session_v1 "
                "runtime.extractors.states.llm.batch_size=16",
-    "tuned": "method=arbormem runtime/components=tuned_every_kind runtime/read_policy=cross_session {tuned}",
     "bm25": "method=bm25",
     "dense": "method=dense runtime/components=minilm",
+    "hybrid": "method=hybrid runtime/components=minilm",
     "fact_store": "method=fact_store runtime/components=tuned_every_kind runtime/read_policy=cross_session {tuned}",
     "full_context": "method=full_context",
 }
-ABLATIONS = ("state_localization", "routing", "atomic_facts", "structured_extraction", "structured_evidence")
+ROUTED = ("localized",)  # rows that need the fold's router
+BUNDLED = ("localized", "today", "fact_store")  # rows that need the reranker and tagger bundles
+ABLATIONS = ("state_localization", "localized_states", "routing", "atomic_facts", "structured_extraction",
+             "structured_evidence")
 MEASURES = ("evidence_recall", "answer_token_recall")
+LOCALIZATION = ("localization_at_1", "localization_at_5", "evidence_in_candidates")
 FACT_EXTRACTORS = ("heuristic", "untuned", "tuned")
 
 
@@ -87,7 +96,9 @@ def check_options(c: dict) -> None:
     if not isinstance(c["budgets"], list) or not c["budgets"]:
         raise ConfigError(f"option budgets must be a non-empty list of read budgets, got {c['budgets']!r}")
     c["budgets"] = [parse_int(b, f"budgets[{i}]", minimum=1) for i, b in enumerate(c["budgets"])]
-    c["ablation_budget"] = parse_int(c["ablation_budget"], "ablation_budget", minimum=1)
+    if not isinstance(c["ablation_budgets"], list) or not c["ablation_budgets"]:
+        raise ConfigError(f"option ablation_budgets must be a non-empty list of read budgets, got {c['ablation_budgets']!r}")
+    c["ablation_budgets"] = [parse_int(b, f"ablation_budgets[{i}]", minimum=1) for i, b in enumerate(c["ablation_budgets"])]
     c["facts_untuned_interactions"] = parse_int(c["facts_untuned_interactions"], "facts_untuned_interactions", minimum=1)
     for key, known in (("rows", ROWS), ("ablations", ABLATIONS), ("fact_extractors", FACT_EXTRACTORS),
                        ("tuned_kinds", ("summary", "entities", "facts", "states", "artifacts", "events"))):
@@ -102,21 +113,60 @@ def check_options(c: dict) -> None:
         if not Path(str(c[key])).exists():
             hint = " (run python -m data_gen.locomo input=<LoCoMo files> first)" if key == "supervision" else ""
             raise MissingInputError(f"option {key}={c[key]!r}: no such file or folder{hint}")
-    needs_bundles = any(r in ("tuned", "fact_store") for r in c["rows"]) or c["ablations"]
+    parse_choice(c["router"]["experiment"], "router.experiment", conf_options("experiment"))
+    if not isinstance(c["router"].get("overrides", []), list):
+        raise ConfigError(f"option router.overrides must be a list of overrides, got {c['router']['overrides']!r}")
+    needs_bundles = any(r in BUNDLED for r in c["rows"]) or c["ablations"]
     for key in ("reranker_bundle", "tagger_bundle"):
         if needs_bundles and not (Path(str(c[key])) / "manifest.json").exists():
             raise MissingInputError(f"option {key}={c[key]!r}: no bundle there (python -m arbor_train.export; the "
                                     f"main job writes outputs/pipeline/bundles/{key.split('_')[0]})")
+    if any(r in ROUTED for r in c["rows"]) or c["ablations"]:
+        check_supervision(Path(str(c["supervision"])))
+
+
+def check_supervision(sup: Path) -> None:
+    """The LoCoMo question-localization rows carry each candidate's own turn (what the router reads of a
+    question's candidate): sets written before that option must be made again."""
+    f = sup / "jsonl" / "localization.jsonl"
+    if not f.exists():
+        raise MissingInputError(f"option supervision={str(sup)!r}: no jsonl/localization.jsonl ({SUPERVISION_HINT})")
+    with f.open(encoding="utf-8") as fh:
+        first = json.loads(fh.readline() or "{}")
+    if not any("state_text" in cand for cand in first.get("candidates", [])):
+        raise MissingInputError(f"{f}: the candidates carry no state_text (written before question documents, or with "
+                                f"a narrow recall); make it again: {SUPERVISION_HINT}")
+
+
+SUPERVISION_HINT = ("python -m data_gen.locomo input=<LoCoMo files> out_dir=<supervision> overwrite=true "
+                    "runtime/components=minilm runtime.reranker.kind=heuristic runtime/read_policy=cross_session")
+
+
+def locomo_mix_index(c: dict) -> int:
+    """Which `data.mix` source of the router experiment reads the LoCoMo supervision (`supervision`): the one
+    whose folder is it. Composed from the experiment itself, so the fold's exclusion lands on that source."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=[f"experiment={c['router']['experiment']}", *c["router"].get("overrides", [])])
+    mix = OmegaConf.to_container(cfg.data, resolve=True).get("mix") or []
+    want = Path(str(c["supervision"])).resolve()
+    for i, src in enumerate(mix):
+        if Path(str(src.get("dir"))).resolve() == want:
+            return i
+    raise ConfigError(f"option router.experiment={c['router']['experiment']}: no data.mix source reads "
+                      f"supervision={str(c['supervision'])!r} (its sources: {[m.get('dir') for m in mix]})")
 
 
 def _list(items: list[str]) -> str:
     return "[" + ",".join(f'"{i}"' for i in items) + "]"
 
 
-def tuned_overrides(c: dict, bundle: Path) -> str:
-    """The runtime overrides that plug the fold's bundles in, space-separated (eval.compare --row tokens)."""
+def tuned_overrides(c: dict, bundle: Path, reranker: Path | None = None) -> str:
+    """The runtime overrides that plug the fold's bundles in, space-separated (eval.compare --row tokens):
+    the reranker (`reranker`, else the main job's), the tagger, and the fold's extractor for `tuned_kinds`."""
     kinds = set(c["tuned_kinds"])
-    ov = [f"runtime.reranker.bundle.path={Path(c['reranker_bundle']).resolve()}",
+    ov = [f"runtime.reranker.bundle.path={Path(reranker or c['reranker_bundle']).resolve()}",
           f"runtime.tagger.bundle.path={Path(c['tagger_bundle']).resolve()}"]
     for k in ("summary", "entities", "facts", "states", "artifacts", "events"):
         ov.append(f"runtime.extractors.{k}.path={bundle}" if k in kinds else f"runtime.extractors.{k}=heuristic")
@@ -129,22 +179,38 @@ def plan(c: dict, folds: list[list[str]], out: Path) -> list:
     py = [c["python"] or sys.executable]
     stages: list[Stage] = []
     sup = str(Path(c["supervision"]).resolve())
+    routed = any(r in ROUTED for r in c["rows"]) or bool(c["ablations"])
+    mix_at = locomo_mix_index(c) if routed else None
+    extract = bool(set(c["tuned_kinds"])) or "tuned" in c["fact_extractors"]
     for k, held in enumerate(folds):
         if c.get("run_folds") is not None and k not in c["run_folds"]:
             continue
         fold = out / f"fold{k}"
         bundle, run_dir = fold / "bundle", fold / "train" / "run"
-        mix = ("data.mix=[{dir: " + sup + ", sets: [extraction], kinds: [facts], exclude_sessions: "
-               + _list(held) + ", max_rows: " + str(c["mix_max_rows"]) + "}]")
-        # the untuned model's held-out metrics are the same in every fold (same base model, same held-out
-        # BranchMemEval set): the first fold this run trains computes them, the others skip them
-        again = [] if not stages else ["task.compare_baselines=false"]
-        stages.append(Stage(f"train_f{k}", [*py, "-m", "arbor_train.train", f"experiment={c['extractor']['experiment']}",
-                                            f"run_dir={run_dir}", mix, *again,
-                                            *c["extractor"].get("overrides", [])],
-                            what=f"extractor adapter, every kind; LoCoMo facts from every conversation but {held}"))
-        stages.append(Stage(f"export_f{k}", [*py, "-m", "arbor_train.export", f"run_dir={run_dir}",
-                                             f"out={bundle}", "overwrite=true"], [f"train_f{k}"], what="extractor bundle"))
+        router, router_run = fold / "router", fold / "router_train" / "run"
+        if routed:
+            stages.append(Stage(f"router_f{k}", [*py, "-m", "arbor_train.train", f"experiment={c['router']['experiment']}",
+                                                 f"run_dir={router_run}", f"data.mix.{mix_at}.exclude_sessions={_list(held)}",
+                                                 *c["router"].get("overrides", [])],
+                                what=f"question router; LoCoMo questions from every conversation but {held}"))
+            stages.append(Stage(f"export_router_f{k}", [*py, "-m", "arbor_train.export", f"run_dir={router_run}",
+                                                        f"out={router}", "overwrite=true"], [f"router_f{k}"],
+                                what="router bundle"))
+        if not extract:
+            bundle = None
+        if bundle is not None:
+            mix = ("data.mix=[{dir: " + sup + ", sets: [extraction], kinds: [facts], exclude_sessions: "
+                   + _list(held) + ", max_rows: " + str(c["mix_max_rows"]) + "}]")
+            # the untuned model's held-out metrics are the same in every fold (same base model, same held-out
+            # BranchMemEval set): the first fold this run trains computes them, the others skip them
+            again = [] if not any(st.name.startswith("train_f") for st in stages) else ["task.compare_baselines=false"]
+            stages.append(Stage(f"train_f{k}", [*py, "-m", "arbor_train.train",
+                                                f"experiment={c['extractor']['experiment']}", f"run_dir={run_dir}",
+                                                mix, *again, *c["extractor"].get("overrides", [])],
+                                what=f"extractor adapter, every kind; LoCoMo facts from every conversation but {held}"))
+            stages.append(Stage(f"export_f{k}", [*py, "-m", "arbor_train.export", f"run_dir={run_dir}",
+                                                 f"out={bundle}", "overwrite=true"], [f"train_f{k}"],
+                                what="extractor bundle"))
         common = [f"input={c['input']}", f"conversations={_list(held)}"]
         for ex in c["fact_extractors"]:
             argv = [*py, "-m", "eval.extraction", *common, f"run_dir={out / f'facts_{ex}_f{k}'}"]
@@ -155,19 +221,24 @@ def plan(c: dict, folds: list[list[str]], out: Path) -> list:
                 argv += ["extractor=bundle", f"bundle.path={bundle}"]
                 deps = [f"export_f{k}"]
             stages.append(Stage(f"facts_{ex}_f{k}", argv, deps, what=f"fact F1 against held-out observations ({ex})"))
-        tuned = tuned_overrides(c, bundle)
+        fills = {"tuned": tuned_overrides(c, bundle), "router": tuned_overrides(c, bundle, router)}
+        needs_of = {"tuned": [f"export_f{k}"] if bundle is not None else [],
+                    "router": ([f"export_f{k}"] if bundle is not None else []) + [f"export_router_f{k}"]}
         ev = ["benchmark=locomo", f"locomo.input={c['input']}", f"units={_list(held)}", "wandb.enabled=false"]
         if c["rows"]:
-            rows = [x for r in c["rows"] for x in ("--row", ROWS[r].format(tuned=tuned))]
-            needs = any(r in ("tuned", "fact_store") for r in c["rows"])
+            rows = [x for r in c["rows"] for x in ("--row", ROWS[r].format(**fills))]
+            deps = sorted({d for r in c["rows"] for key in ("tuned", "router") if "{" + key + "}" in ROWS[r]
+                           for d in needs_of[key]})
             stages.append(Stage(f"eval_f{k}", [*py, "-m", "eval.compare", "grid", *rows, "--budgets",
                                                *map(str, c["budgets"]), "--out", str(out / f"eval_f{k}" / "runs"), *ev],
-                                [f"export_f{k}"] if needs else [], what=f"rows x budgets on conversations {held}"))
+                                deps, what=f"rows x budgets on conversations {held}"))
         if c["ablations"]:
-            rows = [x for a in c["ablations"] for x in ("--row", ROWS["tuned"].format(tuned=tuned) + f" ablation={a}")]
+            rows = [x for a in c["ablations"] for x in ("--row", ROWS["localized"].format(**fills) + f" ablation={a}")]
             stages.append(Stage(f"ablations_f{k}", [*py, "-m", "eval.compare", "grid", *rows, "--budgets",
-                                                    str(c["ablation_budget"]), "--out", str(out / f"ablations_f{k}" / "runs"),
-                                                    *ev], [f"export_f{k}"], what="the tuned runtime without each component"))
+                                                    *map(str, c["ablation_budgets"]),
+                                                    "--out", str(out / f"ablations_f{k}" / "runs"),
+                                                    *ev], needs_of["router"],
+                                what="the localized runtime without each component"))
     return stages
 
 
@@ -182,7 +253,7 @@ def row_name(r: dict) -> str:
         choices = {k.split("/", 1)[1]: v for k, v in parts if k.startswith("runtime/")}
         if r["method"] == method and r.get("runtime") == label({"choices": choices}):
             abl = r.get("ablation", "full")  # the ablation config's name: full, or no_<component>
-            return name if abl == "full" else f"tuned without {abl.removeprefix('no_')}"
+            return name if abl == "full" else f"{name} without {abl.removeprefix('no_')}"
     return f"{r['method']} ({r.get('runtime')})"
 
 
@@ -212,7 +283,7 @@ def merge(out: Path, folds: list[list[str]], c: dict) -> dict:
     merged = {"folds": folds, "rows": [], "facts": {}}
     for (name, budget), by_fold in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         row = {"row": name, "budget": budget, "folds_done": sorted(by_fold)}
-        for m in (*MEASURES, "ingest_s_per_turn", "read_s_p95"):
+        for m in (*MEASURES, *LOCALIZATION, "ingest_s_per_turn", "read_s_p95"):
             row[m] = mean([by_fold[k].get(m) for k in sorted(by_fold)])
             row[f"{m}_per_fold"] = {k: by_fold[k].get(m) for k in sorted(by_fold)}
         for m in MEASURES:
@@ -264,6 +335,20 @@ def tables(merged: dict, c: dict) -> str:
             pf = r[f"{m}_per_fold"]
             lines.append(f"| {r['row']} | {r['budget']} | {_f(r[m])} | "
                          + " | ".join(_f(pf.get(k, pf.get(str(k)))) for k in range(len(folds))) + " |")
+    loc_rows = [r for r in merged["rows"] if r.get("localization_at_1") is not None]
+    if loc_rows:
+        lines += ["", "Question localization, mean over folds: an evidence state is the reranker's top state (@1), among "
+                  "its top 5 (@5), or among the candidates recall found (recalled):", "",
+                  "| row | budget | @1 | @5 | recalled |", "|---|---:|---:|---:|---:|"]
+        for r in loc_rows:
+            lines.append(f"| {r['row']} | {r['budget']} | {_f(r['localization_at_1'])} | {_f(r['localization_at_5'])} | "
+                         f"{_f(r['evidence_in_candidates'])} |")
+        pf = [r for r in loc_rows if r["row"] == "localized"][:1]
+        if pf:
+            per = pf[0]
+            lines += ["", "Per fold, the localized runtime's evidence among its recalled candidates: "
+                      + ", ".join(f"fold {k} {_f(per['evidence_in_candidates_per_fold'].get(k, per['evidence_in_candidates_per_fold'].get(str(k))))}"
+                                  for k in range(len(folds)))]
     cats = sorted({cat for r in merged["rows"] for cat in r["evidence_recall_by_category"]})
     if cats:
         lines += ["", "Per LoCoMo category (1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop), mean over folds, "
@@ -295,7 +380,7 @@ def plot(merged: dict, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in merged["rows"] if not r["row"].startswith("tuned without")]
+    rows = [r for r in merged["rows"] if " without " not in r["row"]]
     names = list(dict.fromkeys(r["row"] for r in rows))
     budgets = sorted({r["budget"] for r in rows})
     if len(budgets) < 2:
@@ -306,7 +391,7 @@ def plot(merged: dict, out: Path) -> list[Path]:
             pts = sorted((r["budget"], r[m]) for r in rows if r["row"] == n and r[m] is not None)
             if pts:
                 ax.plot([b for b, _ in pts], [v for _, v in pts], marker="o", label=n,
-                        linewidth=2.5 if n == "tuned" else 1.5)
+                        linewidth=2.5 if n == "localized" else 1.5)
         ax.set_xscale("log", base=2)
         ax.set_xticks(budgets, [f"{b:,}" for b in budgets])
         ax.set_xlabel("read budget (tokens)")
@@ -340,7 +425,7 @@ def run(cfg: DictConfig | dict) -> dict:
     merged = merge(out, folds, c)
     print("\n" + (out / "table.md").read_text())
     print(f"[locomo_cv] table: {out / 'table.md'}; plot: {out / 'locomo_cv_budget_curve.png'}", flush=True)
-    return {"summary": summary, "merged": merged}
+    return {"summary": summary, "merged": merged, "table": (out / "table.md").read_text()}
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="locomo_cv", version_base="1.3")

@@ -113,17 +113,20 @@ def select_units(c: dict, protocol, units: list) -> list:
 
 
 def check_extractor_heldout(runtime_cfg: dict, unit_ids: list[str]) -> None:
-    """A tuned extractor is never scored on conversations it was trained on: each extractor bundle's
+    """A tuned extractor or reranker is never scored on conversations it was trained on: each such bundle's
     `training_sessions` (the mixed-in sessions, e.g. LoCoMo conversation ids) against the evaluated units."""
     from arbor_train.runtime.bundle import load_bundle
 
-    paths = {spec["path"] for spec in (runtime_cfg.get("extractors") or {}).values()
+    paths = {(spec["path"], "extractor", "extractors.*.path") for spec in (runtime_cfg.get("extractors") or {}).values()
              if isinstance(spec, dict) and spec.get("kind") == "bundle" and spec.get("path")}
-    for path in sorted(paths):
-        trained = set(map(str, load_bundle(path, role="extractor").manifest.get("training_sessions") or []))
+    rr = runtime_cfg.get("reranker") or {}
+    if rr.get("kind") == "bundle" and (rr.get("bundle") or {}).get("path"):
+        paths.add((rr["bundle"]["path"], "reranker", "reranker.bundle.path"))
+    for path, role, option in sorted(paths):
+        trained = set(map(str, load_bundle(path, role=role).manifest.get("training_sessions") or []))
         seen = [u for u in unit_ids if u in trained]
         if seen:
-            raise ConfigError(f"runtime option extractors.*.path={path!r}: the extractor was trained on {len(seen)} of "
+            raise ConfigError(f"runtime option {option}={path!r}: the {role} was trained on {len(seen)} of "
                               f"the {len(unit_ids)} evaluated units ({', '.join(seen[:5])}); evaluate it on held-out "
                               f"conversations (option units) or train it without them (data.mix[].exclude_sessions)")
 

@@ -13,6 +13,8 @@ A table config names what the table is made of, so nobody stitches commands toge
     common: [overrides]        eval.run overrides of every row (the data set, the benchmark)
     budgets: [2048]            read budgets; every row runs at each
     rows: {label: [overrides]} the rows, in order
+    markdown_from: key         (module) the module's own markdown in its result, published instead of the
+                               columns' table (a module with several tables: eval.locomo_cv)
     columns: [result keys]     what the table shows of each run's results.json: a key, a dotted path into it
                                (`by_specificity.referential.gold_in_context`), or {header: dotted path}
     smoke: [overrides]         added by the test suite to run the table at smoke size
@@ -170,8 +172,9 @@ def run_eval(t: dict, overrides: list[str], runs: Path) -> list[dict]:
     return rows
 
 
-def run_module(t: dict, overrides: list[str], runs: Path) -> tuple[list[dict], list[Path]]:
-    """One run of the table's entry point (its `run(cfg)`), its rows taken from the result."""
+def run_module(t: dict, overrides: list[str], runs: Path) -> tuple[list[dict], list[Path], str | None]:
+    """One run of the table's entry point (its `run(cfg)`), its rows taken from the result (a row's
+    `budget`, when it has one, kept), and the markdown the module wrote itself (`markdown_from`), if any."""
     import importlib
 
     from arbor_train.runtime.config import compose
@@ -189,8 +192,14 @@ def run_module(t: dict, overrides: list[str], runs: Path) -> tuple[list[dict], l
     else:
         raise ConfigError(f"conf/table/{t['name']}.yaml: rows_from={t['rows_from']!r} is not a list or a dict "
                           f"in the result of {t['module']}")
-    rows = [{"row": label, "budget": None, **{k: value(r, k) for _, k in t["columns"]}} for label, r in items]
-    return rows, sorted(runs.glob("*.png"))
+    rows = [{"row": label, "budget": r.get("budget"), **{k: value(r, k) for _, k in t["columns"]}} for label, r in items]
+    md = None
+    if t.get("markdown_from"):
+        md = value(res, t["markdown_from"])
+        if not isinstance(md, str):
+            raise ConfigError(f"conf/table/{t['name']}.yaml: markdown_from={t['markdown_from']!r} is not a string "
+                              f"in the result of {t['module']}")
+    return rows, sorted(runs.rglob("*.png") if t.get("plots_anywhere") else runs.glob("*.png")), md
 
 
 def run_pipeline(t: dict, overrides: list[str], out: Path) -> tuple[list[dict], str, list[Path], dict]:
@@ -247,7 +256,7 @@ def run_table(name: str, overrides: list[str], out: str | Path | None = None) ->
         runs = REPO_ROOT / "outputs" / "tables" / name if out.resolve().is_relative_to(GENERATED.resolve()) else out / "runs"
         shutil.rmtree(runs, ignore_errors=True)  # the table is this run's rows only
         if t["kind"] == "module":
-            rows, found = run_module(t, overrides, runs)
+            rows, found, own_md = run_module(t, overrides, runs)
             pics = []
             for p in found:
                 shutil.copy(p, out / p.name)
@@ -257,7 +266,8 @@ def run_table(name: str, overrides: list[str], out: str | Path | None = None) ->
 
             rows = run_eval(t, overrides, runs)
             pics = plots(collect([runs]), out)
-        md = render(t, rows)
+            own_md = None
+        md = own_md or render(t, rows)
     wall = time.perf_counter() - t0
     command = shlex.join(["python", "-m", "eval.compare", f"table={name}", *overrides])
     (out / "table.md").write_text(md)

@@ -34,11 +34,21 @@ def test_folds_are_contiguous_sorted_and_hold_every_conversation_once():
     assert folds == [["9", "30", "41"], ["42", "43"], ["100", "x"]]  # numeric order, sizes differ by at most one
 
 
-def test_each_fold_trains_without_its_conversations_and_is_scored_only_on_them(tmp_path):
-    from eval.locomo_cv import check_options, plan, split_folds
+def _supervision(tmp_path):
+    """A LoCoMo supervision folder as eval.locomo_cv checks it (question rows whose candidates carry their turn)."""
+    (tmp_path / "sup" / "jsonl").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "sup" / "jsonl" / "localization.jsonl").write_text(json.dumps(
+        {"candidates": [{"turn": 0, "state_text": "Caroline: hi"}]}) + "\n")
 
-    c = cv_cfg(tmp_path, "tuned_kinds=[facts]")
+
+def test_each_fold_trains_without_its_conversations_and_is_scored_only_on_them(tmp_path):
+    from eval.locomo_cv import check_options, locomo_mix_index, plan, split_folds
+
+    _supervision(tmp_path)
+    c = cv_cfg(tmp_path, "tuned_kinds=[facts]", "router.overrides=['data.mix.1.dir=" + str(tmp_path / "sup") + "']")
     check_options(c)
+    at = locomo_mix_index(c)
+    assert at == 1  # the router experiment's source that reads `supervision` (its BranchMemEval one is 0)
     folds = split_folds(IDS, 4)
     stages = {s.name: s for s in plan(c, folds, tmp_path / "cv")}
     held_out_by_eval = []
@@ -50,9 +60,17 @@ def test_each_fold_trains_without_its_conversations_and_is_scored_only_on_them(t
         ev = stages[f"eval_f{k}"].argv
         units = next(a for a in ev if a.startswith("units="))
         held_out_by_eval += json.loads(units.split("=", 1)[1])
-        assert f"export_f{k}" in stages[f"eval_f{k}"].deps
+        assert f"export_f{k}" in stages[f"eval_f{k}"].deps and f"export_router_f{k}" in stages[f"eval_f{k}"].deps
+        # the fold's router leaves the fold's LoCoMo questions out, on the source that holds them
+        router = stages[f"router_f{k}"].argv
+        assert f"data.mix.{at}.exclude_sessions=" + "[" + ",".join(f'"{i}"' for i in held) + "]" in router
+        routed = next(a for a in ev if "read_policy=cross_session " in a + " " and "tuned_every_kind" in a)
+        assert f"reranker.bundle.path={tmp_path / 'cv' / f'fold{k}' / 'router'}" in routed
+        today = next(a for a in ev if "read_policy=cross_session_v1" in a and "tuned_every_kind" in a)
+        assert f"reranker.bundle.path={(tmp_path / 'rr').resolve()}" in today  # the runtime before: the main reranker
+        assert all(f"fold{k}" in a for a in stages[f"ablations_f{k}"].argv if "runtime/components" in a)
         bundle = str(tmp_path / "cv" / f"fold{k}" / "bundle")
-        tuned = next(a for a in ev if "runtime/components=tuned_every_kind" in a)
+        tuned = today
         # the fold's own bundle extracts facts; every other kind stays heuristic (tuned_kinds)
         assert f"extractors.facts.path={bundle}" in tuned and "extractors.summary=heuristic" in tuned
         assert all(f"fold{j}" not in tuned for j in range(4) if j != k)
@@ -67,6 +85,12 @@ def test_each_fold_trains_without_its_conversations_and_is_scored_only_on_them(t
     assert sorted(held_out_by_eval) == IDS  # every conversation is held out exactly once
     c["run_folds"] = [1]
     assert {s.name[-2:] for s in plan(c, folds, tmp_path / "cv")} == {"f1"}
+    # no tuned kind and no tuned fact extractor: no extractor is trained, every kind stays heuristic
+    c2 = cv_cfg(tmp_path, "tuned_kinds=[]", "fact_extractors=[heuristic]",
+                "router.overrides=['data.mix.1.dir=" + str(tmp_path / "sup") + "']")
+    check_options(c2)
+    names = [s.name for s in plan(c2, folds, tmp_path / "cv")]
+    assert not any(n.startswith(("train_f", "export_f")) for n in names) and "router_f0" in names
     with pytest.raises(Exception, match=r"option run_folds: \[4\] not below folds=4"):
         check_options(cv_cfg(tmp_path, "run_folds=[4]"))
 
@@ -82,15 +106,22 @@ def test_bad_options_name_the_option(tmp_path):
         with pytest.raises(UserError, match=match):
             check_options(cv_cfg(tmp_path, *o))
     with pytest.raises(UserError, match=r"option reranker_bundle=.*no bundle there"):
-        check_options(cv_cfg(tmp_path, "rows=[tuned]", f"reranker_bundle={tmp_path / 'none'}"))
+        check_options(cv_cfg(tmp_path, "rows=[today]", f"reranker_bundle={tmp_path / 'none'}"))
     check_options(cv_cfg(tmp_path, "rows=[bm25]", "ablations=[]", f"reranker_bundle={tmp_path / 'none'}"))
+    # question rows written before candidates carried their turn are refused, with the command that remakes them
+    (tmp_path / "sup" / "jsonl").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "sup" / "jsonl" / "localization.jsonl").write_text(json.dumps({"candidates": [{"turn": 0}]}) + "\n")
+    with pytest.raises(UserError, match=r"localization.jsonl: the candidates carry no state_text.*read_policy=cross_session"):
+        check_options(cv_cfg(tmp_path, "rows=[localized]", "ablations=[]"))
 
 
-def _result(path: Path, method, profile, budget, er, atr, cats, ablation="full"):
+def _result(path: Path, method, profile, budget, er, atr, cats, ablation="full", loc=None):
     path.mkdir(parents=True)
     res = {"method": method, "runtime": profile, "budget": budget, "ablation": ablation,
            "evidence_recall": er, "answer_token_recall": atr, "evidence_recall_by_category": cats,
            "answer_token_recall_by_category": cats, "ingest_s_per_turn": 0.5, "read_s_p95": 0.01}
+    if loc:
+        res.update(localization_at_1=loc[0], localization_at_5=loc[1], evidence_in_candidates=0.9)
     (path / "results.json").write_text(json.dumps({"results": res}))
 
 
@@ -101,9 +132,10 @@ def test_merge_averages_the_folds_and_keeps_each(tmp_path):
     c = {"fact_extractors": ["tuned"], "facts_untuned_interactions": 40}
     _result(out / "eval_f0" / "runs" / "00", "bm25", "heuristic", 1024, 0.5, 0.6, {"1": 0.4, "2": 0.6})
     _result(out / "eval_f1" / "runs" / "00", "bm25", "heuristic", 1024, 0.7, 0.8, {"1": 0.6, "2": 0.8})
-    _result(out / "eval_f0" / "runs" / "01", "arbormem", "tuned_every_kind/cross_session", 1024, 0.6, 0.7, {"1": 0.5})
+    _result(out / "eval_f0" / "runs" / "01", "arbormem", "tuned_every_kind/cross_session", 1024, 0.6, 0.7, {"1": 0.5},
+            loc=(0.25, 0.75))
     _result(out / "ablations_f0" / "runs" / "00", "arbormem", "tuned_every_kind/cross_session", 1024, 0.1, 0.2, {},
-            ablation="routing")
+            ablation="no_routing")
     for k, f1 in ((0, 0.2), (1, 0.4)):
         (out / f"facts_tuned_f{k}").mkdir(parents=True)
         (out / f"facts_tuned_f{k}" / "results.json").write_text(json.dumps({"results": {
@@ -115,11 +147,13 @@ def test_merge_averages_the_folds_and_keeps_each(tmp_path):
     assert bm["evidence_recall"] == pytest.approx(0.6) and bm["answer_token_recall"] == pytest.approx(0.7)
     assert bm["evidence_recall_per_fold"] == {0: 0.5, 1: 0.7}
     assert bm["evidence_recall_by_category"] == {"1": pytest.approx(0.5), "2": pytest.approx(0.7)}
-    assert rows[("tuned", 1024)]["folds_done"] == [0]  # a fold not run is not averaged as zero
-    assert ("tuned without routing", 1024) in rows
+    assert rows[("localized", 1024)]["folds_done"] == [0]  # a fold not run is not averaged as zero
+    assert rows[("localized", 1024)]["localization_at_5"] == pytest.approx(0.75)
+    assert ("localized without routing", 1024) in rows
     assert m["facts"]["tuned"]["f1"] == pytest.approx(0.3)
     text = (out / "table.md").read_text()
-    assert "| bm25 | 0.600 / 0.700 |" in text and "| tuned | 1024 | 0.600 | 0.600 | — |" in text
+    assert "| bm25 | 0.600 / 0.700 |" in text and "| localized | 1024 | 0.600 | 0.600 | — |" in text
+    assert "| localized | 1024 | 0.250 | 0.750 | 0.900 |" in text  # question localization @1, @5, recalled
     assert (out / "locomo_cv_budget_curve.png").exists() is False  # one budget: no curve to draw
 
 
@@ -127,10 +161,16 @@ def test_the_cross_session_read_policy_is_one_choice_with_any_components():
     from arbor_train.runtime import default_config
 
     base = default_config("runtime/read_policy=cross_session")
-    # facts first under a share of the read budget, then the BM25 turns, the routed history after them
+    # the localized states first (half the budget), then the BM25 turns, the routed history after them
     names = [e["layer"] for e in base["context"]["layers"]]
-    assert base["context"]["layers"][2] == {"layer": "atomic_facts", "share": 0.35}
-    assert names.index("atomic_facts") < names.index("supplemental") < names.index("primary_path")
+    assert base["context"]["layers"][2] == {"layer": "localized_states", "share": 0.5}
+    assert names.index("localized_states") < names.index("supplemental") < names.index("primary_path")
+    assert base["context"]["question_recall"]["max_candidates"] == 48 and default_config()["context"]["question_recall"]["k_semantic"] is None
+    # the policy before issue #40 stays one choice: facts first, no localized layer, a turn's recall
+    v1 = default_config("runtime/read_policy=cross_session_v1")
+    assert v1["context"]["layers"][2] == {"layer": "atomic_facts", "share": 0.35}
+    assert "localized_states" not in [e["layer"] for e in v1["context"]["layers"]]
+    assert v1["context"]["question_recall"]["max_candidates"] is None
     for components in ("tuned_every_kind", "untuned_smollm2", "minilm"):
         other = default_config(f"runtime/components={components}", "runtime/read_policy=cross_session")
         assert other["context"] == base["context"]

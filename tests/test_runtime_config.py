@@ -29,7 +29,7 @@ def leaves(d: dict, prefix: str = ""):
 def test_the_shipped_choices():
     assert options("components") == ["heuristic", "minilm", "prompted_smollm2", "tuned", "tuned_all",
                                       "tuned_every_kind", "untuned_smollm2"]
-    assert options("read_policy") == ["cross_session", "default"]
+    assert options("read_policy") == ["cross_session", "cross_session_v1", "default"]
     assert options("domain") == ["assistant", "group_chat", "group_chat_wide"]
 
 
@@ -55,7 +55,7 @@ def test_one_choice_is_one_override_and_a_key_is_one_more():
     c = default_config("runtime/components=tuned", "runtime/read_policy=cross_session", "runtime/domain=group_chat",
                        "runtime.reranker.bundle.path=outputs/bundles/reranker")
     assert (c["reranker"]["kind"], c["embedder"]["kind"]) == ("bundle", "sentence")
-    assert c["recall"]["k_recent"] == 20 and c["context"]["layers"][2] == {"layer": "atomic_facts", "share": 0.35}
+    assert c["recall"]["k_recent"] == 20 and c["context"]["layers"][2] == {"layer": "localized_states", "share": 0.5}
     assert label(c) == "tuned/cross_session/group_chat"
     assert settings(c) == ["runtime.reranker.bundle.path=outputs/bundles/reranker"]
     assert label(default_config()) == "heuristic"

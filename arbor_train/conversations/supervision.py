@@ -26,11 +26,14 @@ CANDIDATE = {
     "speaker": Value("string"),
     "back": Value("int32"),
     "minutes": Value("int32"),
+    # the state's own turn and time (a question's document: Candidate.question_document)
+    "state_text": Value("string"),
+    "state_time": Value("string"),
 }
 # candidate fields a row may leave out or null (sets written before group chats read as one-user rows)
 # (and questions may leave out their specificity: sets written before levels existed are all explicit;
 # only multi-intent turns, their questions and routing rows carry the secondary fields)
-OPTIONAL = {"speaker", "back", "minutes", "specificity", "gold_secondary", "secondary_branch", "secondary_states"}
+OPTIONAL = {"speaker", "back", "minutes", "state_text", "state_time", "specificity", "gold_secondary", "secondary_branch", "secondary_states"}
 _BASE = {"session_id": Value("string"), "turn": Value("int32"), "input": Value("string"),
          "timestamp": Value("string")}
 

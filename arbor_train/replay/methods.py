@@ -39,6 +39,8 @@ class ReadResult:
                                                             # ("" when it is empty); None: no such block
     runner_up: tuple[int, ...] = ()                         # states of other trajectories the read also
                                                             # reads (read_margin), as turn indices
+    localized: tuple[int, ...] = ()                         # the question's candidate states, best first
+                                                            # (turn indices; a localizing method only)
 
 
 @dataclass(frozen=True)
@@ -159,9 +161,24 @@ class ArborMemoryMethod(_ArborBacked):
         turns = sorted({self.turn_of[i] for i in ctx.node_ids if i in self.turn_of})
         sel = self.turn_of.get(loc.parent_id) if loc.parent_id is not None else None
         path = ctx.block("PrimaryPath")
+        ranked = sorted(loc.candidates, key=lambda c: -c.score)
         return ReadResult(ctx.text, ctx.tokens, turns, sel, loc.route,
                           primary=path.render() if path is not None and path.lines else "",
-                          runner_up=tuple(self.turn_of[i] for i in loc.runner_up if i in self.turn_of))
+                          runner_up=tuple(self.turn_of[i] for i in loc.runner_up if i in self.turn_of),
+                          localized=tuple(self.turn_of[c.node_id] for c in ranked if c.node_id in self.turn_of))
+
+
+def _pack_ranked(m: "_TurnStore", positions: list[int], now: str | None, budget: int) -> ReadResult:
+    """Pack a flat baseline's ranked turns: taken in rank order up to `prefilter` x the budget, then
+    packed by score (_pack)."""
+    items, used = [], 0
+    for i in positions:
+        text = m.text(i)
+        used += m.counter.count(text)
+        items.append((m.turns[i][0], text))
+        if used > m.prefilter * budget:
+            break
+    return _pack(m.counter, f"Current time: {now}", items, budget)
 
 
 class _TurnStore(Method):
@@ -235,18 +252,14 @@ class BM25Method(_TurnStore):
         self.db.execute("INSERT INTO t(rowid, lex) VALUES(?, ?)", (len(self.turns) - 1, f"{user} {assistant}"))
         return out
 
-    def read(self, question, now, budget) -> ReadResult:
+    def ranked(self, question: str, k: int = 200) -> list[int]:
+        """Positions of the stored turns, best BM25 first (at most k)."""
         q = fts_query(question)
-        rows = [] if not q else self.db.execute(
-            "SELECT rowid FROM t WHERE t MATCH ? ORDER BY bm25(t) LIMIT 200", (q,)).fetchall()
-        items, used = [], 0
-        for (i,) in rows:  # prefilter up to `prefilter` x budget, then pack by score
-            text = self.text(i)
-            used += self.counter.count(text)
-            items.append((self.turns[i][0], text))
-            if used > self.prefilter * budget:
-                break
-        return _pack(self.counter, f"Current time: {now}", items, budget)
+        return [] if not q else [i for (i,) in self.db.execute(
+            "SELECT rowid FROM t WHERE t MATCH ? ORDER BY bm25(t) LIMIT ?", (q, k)).fetchall()]
+
+    def read(self, question, now, budget) -> ReadResult:
+        return _pack_ranked(self, self.ranked(question), now, budget)
 
     def _drop(self, i: int) -> None:
         self.db.execute("DELETE FROM t WHERE rowid=?", (i,))
@@ -271,21 +284,47 @@ class DenseMethod(_TurnStore):
     def _drop(self, i: int) -> None:
         self.vecs[i] = np.zeros_like(self.vecs[i])
 
-    def read(self, question, now, budget) -> ReadResult:
+    def ranked(self, question: str, k: int | None = None) -> list[int]:
+        """Positions of the stored turns, most similar first (at most k), forgotten ones left out."""
         if not self.vecs:
-            return _pack(self.counter, f"Current time: {now}", [], budget)
-        q = self.embedder.encode([question])[0]
-        sims = np.stack(self.vecs) @ q
-        items, used = [], 0
-        for i in np.argsort(-sims):
-            if int(i) in self.forgotten:
-                continue
-            text = self.text(int(i))
-            used += self.counter.count(text)
-            items.append((self.turns[int(i)][0], text))
-            if used > self.prefilter * budget:
-                break
-        return _pack(self.counter, f"Current time: {now}", items, budget)
+            return []
+        sims = np.stack(self.vecs) @ self.embedder.encode([question])[0]
+        out = [int(i) for i in np.argsort(-sims) if int(i) not in self.forgotten]
+        return out if k is None else out[:k]
+
+    def read(self, question, now, budget) -> ReadResult:
+        return _pack_ranked(self, self.ranked(question), now, budget)
+
+
+class HybridMethod(_TurnStore):
+    """BM25 and dense retrieval of turns, fused by reciprocal rank (1 / (rrf_k + rank), summed)."""
+
+    name = "hybrid"
+
+    def __init__(self, counter: TokenCounter, embedder, prefilter: float = 2.0, rrf_k: float = 60.0, k: int = 200):
+        super().__init__(counter)
+        self.bm25, self.dense = BM25Method(counter, prefilter), DenseMethod(counter, embedder, prefilter)
+        self.prefilter, self.rrf_k, self.k = prefilter, rrf_k, k
+
+    def observe(self, turn, user, assistant, ts, is_question, speaker=None) -> Observation:
+        super().observe(turn, user, assistant, ts, is_question)
+        self.bm25.observe(turn, user, assistant, ts, is_question)
+        return self.dense.observe(turn, user, assistant, ts, is_question)
+
+    def _drop(self, i: int) -> None:
+        for m in (self.bm25, self.dense):
+            m.forgotten.add(i)
+            m._drop(i)
+
+    def read(self, question, now, budget) -> ReadResult:
+        fused: dict[int, float] = {}
+        for ranks in (self.bm25.ranked(question, self.k), self.dense.ranked(question, self.k)):
+            for rank, i in enumerate(ranks):
+                fused[i] = fused.get(i, 0.0) + 1.0 / (self.rrf_k + rank + 1)
+        return _pack_ranked(self, sorted(fused, key=lambda i: -fused[i]), now, budget)
+
+    def close(self) -> None:
+        self.bm25.close()
 
 
 class FactStoreMethod(_ArborBacked):
@@ -315,6 +354,8 @@ BUILDERS = {
     "full_context": lambda cfg, comps, sid, counter, prefilter: FullContextMethod(counter),
     "bm25": lambda cfg, comps, sid, counter, prefilter: BM25Method(counter, prefilter),
     "dense": lambda cfg, comps, sid, counter, prefilter: DenseMethod(counter, comps["embedder"], prefilter),
+    "hybrid": lambda cfg, comps, sid, counter, prefilter: HybridMethod(counter, comps["embedder"], prefilter,
+                                                                       float(cfg["recall"]["rrf_k"])),
     "fact_store": lambda cfg, comps, sid, counter, prefilter: FactStoreMethod(cfg, comps, sid, counter),
     "previous_message": lambda cfg, comps, sid, counter, prefilter: PreviousMessageMethod(counter),
 }

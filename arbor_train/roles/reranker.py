@@ -12,6 +12,7 @@ reranker and the untuned model, on the same held-out groups.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -25,22 +26,48 @@ from ..prompts import PROMPT_VERSION, RERANK_TEMPLATE
 from .common import Built, Role, RoleModule, cap, load_rows, loaders
 
 
-def mix_groups(c: dict) -> list:
+MIX_FORM = "{dir: PATH, sets: [routing, localization, ...], sessions: null|[ids], exclude_sessions: [ids], max_groups: N}"
+QUESTION_DOCUMENTS = ("state", "text")
+
+
+def group_options(t: dict) -> dict:
+    """The task options that shape a group: multi-positive questions and the question document."""
+    doc = t.get("question_document", "state")
+    if doc not in QUESTION_DOCUMENTS:
+        raise ConfigError(f"option task.question_document must be one of {', '.join(QUESTION_DOCUMENTS)}, got {doc!r}")
+    return {"multi_positive": bool(t.get("multi_positive", False)), "question_document": doc}
+
+
+def mix_groups(c: dict) -> tuple[list, list[str]]:
     """Training groups from `data.mix`: extra supervision folders mixed into the training set (for example
-    Ubuntu IRC routing rows beside BranchMemEval), each `{dir, sets, max_groups}`; validation stays on
-    the main data. Each source's groups are shuffled (seeded) before its cap."""
+    Ubuntu IRC routing rows or LoCoMo question localization beside BranchMemEval), each limited to the
+    sessions (conversations) it names or does not exclude; validation stays on the main data. Each
+    source's groups are shuffled (seeded) before its cap. Returns the groups and the sorted session ids
+    they came from (the bundle's `training_sessions`, checked by eval.run against what it evaluates)."""
     import random
 
-    t, out = c["task"], []
+    t, out, used = c["task"], [], set()
     for k, src in enumerate(c["data"].get("mix") or []):
         if not isinstance(src, dict) or not src.get("dir") or not src.get("sets"):
-            raise ConfigError(f"option data.mix[{k}] must be {{dir: PATH, sets: [routing, ...], max_groups: N}}, "
-                              f"got {src!r}")
-        rows = D.load_sets(src["dir"], list(src["sets"]))
-        groups = [g for n in src["sets"] for g in D.rerank_groups(list(rows[n]), n, t["group_size"], t["include_new_root"])]
+            raise ConfigError(f"option data.mix[{k}] must be {MIX_FORM}, got {src!r}")
+        keep = set(map(str, src["sessions"])) if src.get("sessions") is not None else None
+        drop = set(map(str, src.get("exclude_sessions") or []))
+        sets = D.load_sets(src["dir"], list(src["sets"]))
+        groups, sessions = [], []
+        for n in src["sets"]:
+            rows = [r for r in sets[n] if (keep is None or str(r["session_id"]) in keep)
+                    and str(r["session_id"]) not in drop]
+            made = D.rerank_groups(rows, n, t["group_size"], t["include_new_root"], **group_options(t))
+            groups += made
+            sessions += [str(r["session_id"]) for r in rows]
+        if not groups:
+            raise ConfigError(f"option data.mix[{k}]: no groups of {list(src['sets'])} in {src['dir']} are left "
+                              f"after sessions={src.get('sessions')!r}, exclude_sessions={sorted(drop)}")
         random.Random(c["seed"] + k).shuffle(groups)
         out += cap(groups, src.get("max_groups"))
-    return out
+        if "sessions" in src or "exclude_sessions" in src:  # a source split by conversation records them
+            used |= set(sessions)
+    return out, sorted(used)
 
 
 class PairHead(torch.nn.Module):
@@ -281,11 +308,15 @@ class RerankerModule(RoleModule):
         groups = self.group_logits(batch)
         w = float(self.cfg["task"].get("secondary_weight", 0.0))
         seconds = batch["secondary"].tolist() if "secondary" in batch else [-1] * len(groups)
+        manys = batch["golds"].tolist() if "golds" in batch else [[]] * len(groups)
         losses = []
-        for logits, gold, sec in zip(groups, batch["gold"].tolist(), seconds):
+        for logits, gold, sec, many in zip(groups, batch["gold"].tolist(), seconds, manys):
             target = len(logits) - 1 if gold < 0 else gold
             logp = F.log_softmax(logits, 0)
-            if sec >= 0 and w > 0 and gold >= 0:
+            many = [i for i in many if i >= 0]
+            if len(many) > 1:  # a question with several evidence states: the mass on any of them
+                losses.append(-torch.logsumexp(logp[many], 0))
+            elif sec >= 0 and w > 0 and gold >= 0:
                 losses.append(-((1 - w) * logp[target] + w * logp[sec]))
             else:
                 losses.append(-logp[target])
@@ -339,10 +370,10 @@ class Reranker(Role):
         groups: dict[str, list[D.RerankGroup]] = {"train": [], "val": []}
         for split, rows in (("train", tr_rows), ("val", va_rows)):
             for n in names:
-                groups[split] += D.rerank_groups(rows[n], n, t["group_size"], t["include_new_root"])
+                groups[split] += D.rerank_groups(rows[n], n, t["group_size"], t["include_new_root"], **group_options(t))
         groups["train"] = cap(groups["train"], dc.get("max_train_examples"))
         groups["val"] = cap(groups["val"], dc.get("max_val_examples"))
-        mixed = mix_groups(c)
+        mixed, mixed_sessions = mix_groups(c)
         groups["train"] += mixed
         pair = bool(t.get("pair_features"))
         if pair and c["model"]["family"] == "decoder":
@@ -377,8 +408,11 @@ class Reranker(Role):
                                            encode(groups["val"], tok, t["max_length"]), collate)
         fp = D.fingerprint(dc["train_dir"], names)
         for src in dc.get("mix") or []:
-            fp += "+" + D.fingerprint(src["dir"], list(src["sets"]))
-        return Built(RerankerModule(model, c), tok, train_loader, val_loader, fp, {"groups": groups, "mixed": len(mixed)})
+            fp += "+" + D.fingerprint(src["dir"], list(src["sets"])) + ":" + json.dumps(
+                {"sessions": src.get("sessions"), "exclude": sorted(map(str, src.get("exclude_sessions") or [])),
+                 "max_groups": src.get("max_groups")}, sort_keys=True)
+        return Built(RerankerModule(model, c), tok, train_loader, val_loader, fp,
+                     {"groups": groups, "mixed": len(mixed), "mixed_sessions": mixed_sessions})
 
     def baselines(self, c: dict, built: Built, trainer) -> dict[str, Any]:
         from ..runtime import default_config
@@ -402,7 +436,10 @@ class Reranker(Role):
         return {"pair_refit": refit_pair_head(built.module, built.tokenizer, c)}
 
     def extras(self, c: dict, built: Built) -> dict[str, Any]:
-        out: dict[str, Any] = {"new_root_threshold": round(built.module.threshold, 6)}
+        out: dict[str, Any] = {"new_root_threshold": round(built.module.threshold, 6),
+                               "question_document": group_options(c["task"])["question_document"]}
+        if built.extras.get("mixed_sessions"):
+            out["training_sessions"] = built.extras["mixed_sessions"]
         if built.module.pair_head is not None:
             out["pair_head"] = built.module.pair_head.to_json(float(built.module.new_root_logit.detach()))
         return out

@@ -21,7 +21,9 @@ manifest.json::
       "max_length": 256,
       "labels": [...]            # tagger only: label order of the classification head
       "kinds": [...]             # extractor only: which extraction kinds it writes
-      "training_sessions": [...] # reader only: content fingerprints of its training sessions
+      "training_sessions": [...] # reader: content fingerprints of its training sessions; extractor and
+                                 # reranker: the mixed-in conversation ids (eval.run refuses to score on them)
+      "question_document": "state" | "text"  # reranker: what it reads of a question's candidate
       "metrics": {...}, "data_fingerprint": "sha256:...", "created_at": "ISO-8601",
       "arbor_train_version": "x.y.z", "git_commit": "..."
     }
@@ -61,6 +63,7 @@ OPTIONAL_FIELDS = {
     "training_run": ((str,), "a string"),
     "training_sessions": ((list,), "a list of session fingerprints"),
     "pair_head": ((dict,), "an object (the reranker's pair-feature head)"),
+    "question_document": ((str,), "state or text (what the reranker reads of a question's candidate)"),
 }
 
 
@@ -175,6 +178,8 @@ def load_bundle(path: str | Path, role: str | None = None, base_model: str | Non
         if name in manifest and (not isinstance(v, types) or isinstance(v, bool)):
             raise BundleError(f"{mf}: field {name!r} must be {what}, got {v!r}")
     _strings(mf, manifest)
+    if manifest.get("question_document", "state") not in ("state", "text"):
+        raise BundleError(f"{mf}: field 'question_document' must be state or text, got {manifest['question_document']!r}")
     if manifest["format"] != FORMAT or manifest["format_version"] != FORMAT_VERSION:
         raise BundleError(f"{mf}: format {manifest['format']!r} v{manifest['format_version']} is not {FORMAT} v{FORMAT_VERSION}")
     if manifest["role"] not in ROLE_KINDS:

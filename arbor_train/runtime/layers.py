@@ -23,6 +23,13 @@ A layer runs at most once per read: a later entry of a layer that already ran is
   states            States: current single-version states that match (update_budget; record_match)
   artifacts         ArtifactEvidence: ordered lists that match (structured_budget; artifact_match)
   events            EventEvidence: the matching events (structured_budget; event_match)
+  localized_states  LocalizedStates: for a question asked after the conversation, the top states the
+                    reranker localizes it to (as many as hold `localized_mass` of its confidence, softmax
+                    over the candidates' logits, at most `localized_k`; `localized_rank: fused` orders
+                    them by the reranker's and recall's ranks fused), each with its neighbourhood on
+                    its trajectory (`localized_window` parents up, `localized_children` children down);
+                    the states first, best first, then their neighbours; rendered in conversation order,
+                    each date once (localized_budget)
   supplemental      Supplemental: raw turns by BM25 that no earlier block holds (supplemental_budget,
                     supplemental_k); `supplemental_match: entity` keeps only turns sharing an entity,
                     date or exact value with the question, `keyword` keeps every hit;
@@ -305,9 +312,68 @@ def events(r: Read, cap: int) -> Block | None:
     return r.packer.fill(Block("EventEvidence"), lines, cap)
 
 
+def localized_order(loc: "Localization", k: int, mass: float, temperature: float = 1.0,
+                    rank: str = "router", rrf_k: float = 60.0) -> list[int]:
+    """The question's states, best first, as many as hold `mass` of the reranker's confidence (softmax
+    over each candidate's logit / temperature), at most `k`, at least one. `rank: fused` orders them by the
+    reciprocal-rank fusion of the reranker's rank and recall's own (its channels fused), the count still
+    set by the reranker's confidence."""
+    import math
+
+    cands = sorted(loc.candidates, key=lambda c: -c.score)
+    if not cands or k <= 0:
+        return []
+    if rank == "fused":
+        by_recall = sorted(cands, key=lambda c: -c.channels.get("fused", 0.0))
+        pos = {c.node_id: i for i, c in enumerate(by_recall)}
+        order = sorted(range(len(cands)), key=lambda i: -(1 / (rrf_k + i + 1) + 1 / (rrf_k + pos[cands[i].node_id] + 1)))
+        fused = [cands[i] for i in order]
+    else:
+        fused = cands
+    eps = 1e-6
+    z = [math.log(min(1 - eps, max(eps, c.score)) / (1 - min(1 - eps, max(eps, c.score)))) / temperature
+         for c in cands]
+    top = max(z)
+    e = [math.exp(x - top) for x in z]
+    total = sum(e)
+    count, acc = 0, 0.0
+    for w in e:  # how many: the reranker's confidence mass, best first
+        if count >= k or (count and acc >= mass):
+            break
+        count += 1
+        acc += w / total
+    return [c.node_id for c in fused[:count]]
+
+
+def localized_states(r: Read, cap: int) -> Block | None:
+    """The states a question localizes to and their neighbourhoods (see the module docstring)."""
+    cc, st = r.cc, r.src.store
+    if cap <= 0 or not r.loc.candidates or not r.abl.get("localized_states", True):
+        return None
+    top = localized_order(r.loc, int(cc["localized_k"]), float(cc["localized_mass"]),
+                          float(cc.get("localized_temperature", 1.0)), cc.get("localized_rank", "router"),
+                          float(r.src.cfg["recall"]["rrf_k"]))
+    top = [i for i in top if i not in r.shown]
+    if not top:
+        return None
+    window, per_child = int(cc["localized_window"]), int(cc["localized_children"])
+    nodes = st.get_nodes(top)
+    order: list[int] = list(top)
+    frontier = list(top)
+    for _ in range(window):  # parents up and children down, hop by hop
+        ups = [nodes[i].parent_id for i in frontier if i in nodes and nodes[i].parent_id is not None]
+        downs = [c for cs in st.children(frontier, per_child).values() for c in cs]
+        frontier = [i for i in dict.fromkeys(ups + downs) if i not in order]
+        order += frontier
+        nodes.update(st.get_nodes([i for i in frontier if i not in nodes]))
+    order = [i for i in order if i in nodes and i not in r.shown]
+    items = [(nodes[i].timestamp, nodes[i].seq, nodes[i].raw, [i]) for i in order]
+    return fill_by_time(r.packer, Block("LocalizedStates"), items, cap)
+
+
 SUPPLEMENTAL_MATCH = ("entity", "keyword")
 SUPPLEMENTAL_RANK = ("keyword", "hybrid")
-RAW_BLOCKS = {"PrimaryPath", "SecondaryPath", "Supplemental"}  # blocks whose lines are raw turns (a summary line is not)
+RAW_BLOCKS = {"PrimaryPath", "SecondaryPath", "LocalizedStates", "Supplemental"}  # blocks whose lines are raw turns (a summary line is not)
 
 
 def supplemental_hits(r: Read, k: int) -> list[int]:
@@ -351,6 +417,7 @@ LAYERS: dict[str, tuple[Callable[[Read, int], Block | None], str]] = {
     "states": (states, "update_budget"),
     "artifacts": (artifacts, "structured_budget"),
     "events": (events, "structured_budget"),
+    "localized_states": (localized_states, "localized_budget"),
     "supplemental": (supplemental, "supplemental_budget"),
 }
 
@@ -387,6 +454,8 @@ def check_layers(cc: dict) -> list[dict]:
                           f"got {cc.get('supplemental_rank')!r}")
     if not isinstance(cc.get("group_by_time", False), bool):
         raise ConfigError(f"runtime option context.group_by_time must be true or false, got {cc.get('group_by_time')!r}")
+    if cc.get("localized_rank", "router") not in ("router", "fused"):
+        raise ConfigError(f"runtime option context.localized_rank must be router or fused, got {cc.get('localized_rank')!r}")
     if cc.get("supplemental_match", "entity") not in SUPPLEMENTAL_MATCH:
         raise ConfigError(f"runtime option context.supplemental_match must be one of {', '.join(SUPPLEMENTAL_MATCH)}, "
                           f"got {cc.get('supplemental_match')!r}")

@@ -40,6 +40,15 @@ def entity_words(items) -> set[str]:
     return out
 
 
+QUESTION_TEXT_CHARS = 700  # a question document holds this much of the state's own turn
+
+
+def turn_text(n: Node) -> str:
+    """A state's own turn as a question document shows it (both sides, cut at QUESTION_TEXT_CHARS)."""
+    t = f"{n.user_text}\n{n.assistant_text}".strip()
+    return t if len(t) <= QUESTION_TEXT_CHARS else t[: QUESTION_TEXT_CHARS - 1] + "…"
+
+
 class Localizer:
     def embed(self, text: str) -> np.ndarray:
         return self.embedder.encode([text])[0]
@@ -92,8 +101,13 @@ class Localizer:
                 "parent_speaker": {i: p.speaker for i, p in parents.items()}}
 
     def _recall(self, text: str, q_emb: np.ndarray, latest: Node, speaker: str | None = None,
-                now: str | None = None) -> list[Candidate]:
-        rc = self.cfg["recall"]
+                now: str | None = None, for_question: bool = False) -> list[Candidate]:
+        """Candidates by reciprocal-rank fusion of the recall channels. A question (`for_question`) uses
+        `context.question_recall` (the read policy's) where it sets a key: wider channels, and the fact channel (the states the best
+        matching atomic facts cite), so that a question's evidence is among the candidates."""
+        rc = dict(self.cfg["recall"])
+        if for_question:
+            rc.update({k: v for k, v in (self.cfg["context"].get("question_recall") or {}).items() if v is not None})
         ranks: dict[int, dict[str, float]] = {}
         fused: dict[int, float] = {}
 
@@ -104,6 +118,13 @@ class Localizer:
 
         add("semantic", self.index.search(q_emb, rc["k_semantic"]))
         add("keyword", self.store.keyword_search(self.conv, text, rc["k_keyword"]))
+        k_fact = int(rc.get("k_fact", 0))
+        if k_fact > 0:  # the states the best matching facts cite, in the facts' order
+            cited: dict[int, float] = {}
+            for f, s in self.store.search_facts(self.conv, text, k_fact):
+                for nid in f.sources:
+                    cited.setdefault(nid, s)
+            add("fact", list(cited.items()))
         topic_hits = self.store.topic_search(self.conv, text, rc["k_topic"])
         add("topic", [(self.store.latest_in_root(r), s) for r, s in topic_hits])
         k_recent = int(rc.get("k_recent", 1))
@@ -135,8 +156,18 @@ class Localizer:
             ch["fused"] = round(fused[i], 5)
             cands.append(Candidate(node_id=i, topic_key=n.topic_key, path_summary=n.path_summary,
                                    node_summary=n.node_summary, entities=n.entities, seq=n.seq,
-                                   root_id=n.root_id, channels=ch, **group_features(n, latest, now)))
+                                   root_id=n.root_id, channels=ch, text=turn_text(n), timestamp=n.timestamp,
+                                   as_question=for_question and self.question_document == "text",
+                                   **group_features(n, latest, now)))
         return cands
+
+    @property
+    def question_document(self) -> str:
+        """What the reranker reads of a candidate for a question: `state` (its summary, topic, entities and
+        path, as for a turn) or `text` (its date and own turn: Candidate.question_document). A reranker
+        bundle trained on one of them says so, and that replaces `localization.question_document`."""
+        tuned = getattr(self.reranker, "question_document", None)
+        return str(tuned or self.cfg["localization"].get("question_document", "state"))
 
     def localize(self, text: str, for_question: bool = False, speaker: str | None = None,
                  timestamp: str | None = None) -> Localization:
@@ -164,7 +195,7 @@ class Localizer:
             cue = match_cue(text, loc_cfg["continuation_cues"])
             if cue and self._consistent(text, latest):
                 return Localization(self._tip(latest.id), "continuation", 1.0, cue)
-        cands = self._recall(text, q_emb, latest, speaker, timestamp)
+        cands = self._recall(text, q_emb, latest, speaker, timestamp, for_question)
         if not cands:
             return Localization(None, "recall", 0.0)
         if not routing:

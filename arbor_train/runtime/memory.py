@@ -66,6 +66,9 @@ class ArborMemory(Localizer, Committer):
         if evidence not in ("entity", "none"):
             raise ConfigError(f"option localization.secondary.evidence: {evidence!r}; valid values: entity, none")
         self._link_evidence = evidence
+        if cfg["localization"].get("question_document", "state") not in ("state", "text"):
+            raise ConfigError(f"option localization.question_document: {cfg['localization']['question_document']!r}; "
+                              "valid values: state, text")
         resolve = cfg["revision"].get("resolve_links", True)
         if not isinstance(resolve, bool):
             raise ConfigError(f"option revision.resolve_links: {resolve!r}; valid values: true, false")

@@ -327,6 +327,8 @@ def load_bundle_reranker(path: str, base_override: str | None = None, quantize: 
         r.name = f"bundle:{path}"
     # the threshold calibrated in training (sigmoid of the learned new-root logit), when the bundle has one
     r.new_root_threshold = b.manifest.get("new_root_threshold")
+    # what it was trained to read of a question's candidate (bundles before this option: the state)
+    r.question_document = b.manifest.get("question_document")
     return r
 
 

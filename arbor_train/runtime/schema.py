@@ -136,14 +136,26 @@ class Candidate:
     speaker: str | None = None   # group chats: who wrote the candidate state
     back: int | None = None      # group chats: messages since the candidate (1 = the latest)
     minutes: int | None = None   # group chats: minutes between the candidate and the input, when both have times
+    text: str = ""               # the state's own turn (user and assistant), for question documents
+    timestamp: str | None = None  # the state's time, for question documents
+    as_question: bool = False    # score this candidate against a question with `question_document()`
+
+    def question_document(self) -> str:
+        """What a reranker reads for a question asked after the conversation
+        (`localization.question_document: text`): the state's date and its own turn, whole, then its topic.
+        The state summary is one sentence of one speaker; a question's evidence is often in the reply."""
+        return f"Date: {self.timestamp or 'unknown'}\n{self.text}\nTopic: {self.topic_key}"
 
     def document(self) -> str:
-        """The branch-aware text the rerankers score against the input.
+        """The branch-aware text the rerankers score against the input (a question's own document when
+        `as_question` and the state's text is known).
 
         In a group chat (the candidate has a speaker) a first line says who wrote it, how many messages
         back and how many minutes ago, and the candidate's own message comes before its topic: with many
         speakers, who and when carry much of the reply structure. One-user conversations read as before.
         """
+        if self.as_question and self.text:
+            return self.question_document()
         ents = ", ".join(self.entities[:12])
         # most truncatable field last: encoders cut the pair at max_length
         if self.speaker is None:

@@ -862,6 +862,18 @@ class Store:
             path.insert(0, self.get_node(path[0].root_id))
         return path
 
+    def children(self, node_ids: list[int], per_node: int) -> dict[int, list[int]]:
+        """Each node's first `per_node` children (oldest first): the states that continued it."""
+        out: dict[int, list[int]] = {i: [] for i in node_ids}
+        if not node_ids or per_node <= 0:
+            return out
+        marks = ",".join("?" * len(node_ids))
+        for pid, cid in self.db.execute(
+                f"SELECT parent_id, id FROM nodes WHERE parent_id IN ({marks}) ORDER BY seq", list(node_ids)):
+            if len(out[pid]) < per_node:
+                out[pid].append(int(cid))
+        return out
+
     def tip(self, node_id: int) -> int:
         """Latest node of the trajectory through node_id (its latest descendant).
 

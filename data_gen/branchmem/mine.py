@@ -18,25 +18,34 @@ from .realize import Turn
 GROUP_FIELDS = ("speaker", "back", "minutes")  # a group-chat candidate's extra document fields (schema.Candidate)
 
 
-def candidate_row(c, turn_of: dict[int, int], recalled: bool = True) -> dict:
+def candidate_row(c, turn_of: dict[int, int], recalled: bool = True, question: bool = False) -> dict:
+    """A recalled candidate as a supervision row; a question's (`question`) also carries the state's own
+    turn and time, what a question's reranker may read (Candidate.question_document)."""
     row = {"turn": turn_of[c.node_id], "topic_key": c.topic_key, "path_summary": c.path_summary,
            "node_summary": c.node_summary, "entities": list(c.entities),
            "channels": json.dumps(c.channels, sort_keys=True), "runtime_score": round(float(c.score), 6),
            "recalled": recalled}
+    if question:
+        row.update(state_text=c.text, state_time=c.timestamp)
     if c.speaker is not None:
         row.update({k: getattr(c, k) for k in GROUP_FIELDS})
     return row
 
 
-def gold_candidate(mem: ArborMemory, node_id: int, turn_of: dict[int, int], now: str | None = None) -> dict:
-    """A gold state recall missed, as a candidate row (with the group-chat fields the runtime would give it)."""
-    from arbor_train.runtime.localize import group_features
+def gold_candidate(mem: ArborMemory, node_id: int, turn_of: dict[int, int], now: str | None = None,
+                   question: bool = False) -> dict:
+    """A gold state recall missed, as a candidate row (with the group-chat fields the runtime would give it,
+    and for a question the state's own turn and time)."""
+    from arbor_train.runtime.localize import group_features, turn_text
 
     n = mem.store.get_node(node_id)
-    return {"turn": turn_of[node_id], "topic_key": n.topic_key, "path_summary": n.path_summary,
-            "node_summary": n.node_summary, "entities": list(n.entities), "channels": "{}",
-            "runtime_score": 0.0, "recalled": False,
-            **group_features(n, mem.store.latest_node(mem.conv), now)}
+    row = {"turn": turn_of[node_id], "topic_key": n.topic_key, "path_summary": n.path_summary,
+           "node_summary": n.node_summary, "entities": list(n.entities), "channels": "{}",
+           "runtime_score": 0.0, "recalled": False,
+           **group_features(n, mem.store.latest_node(mem.conv), now)}
+    if question:
+        row.update(state_text=turn_text(n), state_time=n.timestamp)
+    return row
 
 
 def mine_session(session_id: str, turns: list[Turn], runtime_cfg: dict, components: dict) -> dict[str, list[dict]]:
@@ -47,11 +56,11 @@ def mine_session(session_id: str, turns: list[Turn], runtime_cfg: dict, componen
     try:
         for t in turns:
             loc = mem.localize(t.user, for_question=t.is_question)
-            cands = [candidate_row(c, turn_of) for c in loc.candidates]
+            cands = [candidate_row(c, turn_of, question=t.is_question) for c in loc.candidates]
             gold_parent, secondary = t.gold_parent, t.gold_secondary
             for gold in (gold_parent, secondary):
                 if gold is not None and all(c["turn"] != gold for c in cands):
-                    cands.append(gold_candidate(mem, node_of[gold], turn_of))
+                    cands.append(gold_candidate(mem, node_of[gold], turn_of, question=t.is_question))
             chosen = turn_of.get(loc.parent_id) if loc.parent_id is not None else None
             base = {"session_id": session_id, "turn": t.index, "input": t.user, "timestamp": t.timestamp}
             if t.is_question:

@@ -1,8 +1,10 @@
 """LoCoMo protocol: the memory is built once per conversation, then each question of the categories in
 `locomo.categories` is read against the finished memory. Evidence recall is the share of a question's
 evidence turns the context cites; answer-token recall, which credits no provenance, the share of the
-gold answer's normalized tokens the context's text holds (both overall and per category); F1 (and an
-optional judge) score the answers."""
+gold answer's normalized tokens the context's text holds (both overall and per category); for a method
+that localizes, question-localization accuracy at 1 and 5 (an evidence state among the top candidate
+states the reranker ranks, which the localized-states layer reads first) and the share of questions
+whose evidence recall put among the candidates; F1 (and an optional judge) score the answers."""
 
 from __future__ import annotations
 
@@ -12,6 +14,11 @@ from typing import Any
 from arbor_train.errors import ConfigError, parse_choice, parse_int
 
 from .base import Protocol, check_input, evidence_summary, ingest, mean4, percentile
+
+
+# question localization, for a method that localizes: an evidence state is the top candidate state, among
+# the top 5, or among every candidate its recall found
+LOCALIZATION = ("localization_at_1", "localization_at_5", "evidence_in_candidates")
 
 
 def check(c: dict) -> None:
@@ -49,6 +56,10 @@ def replay(conv, method, answers, judge, c: dict) -> tuple[list[dict], list[dict
                "context_tokens": r.tokens, "read_s": read_s, "ingest_s": ingest_s, "ingest_turns": len(inters),
                "evidence_recall": (len(ev & set(r.turn_ids)) / len(ev)) if ev else None,
                "answer_token_recall": answer_token_recall(r.text, q.answer if q.answer is not None else "")}
+        if r.route is not None and r.localized and ev:  # question localization: an evidence state in the top k
+            rec["localization_at_1"] = float(bool(set(r.localized[:1]) & ev))
+            rec["localization_at_5"] = float(bool(set(r.localized[:5]) & ev))
+            rec["evidence_in_candidates"] = float(bool(set(r.localized) & ev))
         if answers is not None:
             def done(pred, rec=rec, q=q):
                 rec["prediction"] = pred
@@ -65,6 +76,10 @@ def summarize(recs: list[dict], _: list[dict]) -> dict[str, Any]:
 
     out: dict[str, Any] = evidence_summary(recs)
     out["answer_token_recall"] = mean4([r["answer_token_recall"] for r in recs if r.get("answer_token_recall") is not None])
+    for key in LOCALIZATION:  # a localizing method only
+        vals = [r[key] for r in recs if key in r]
+        if vals:
+            out[key] = mean4(vals)
     for key in ("evidence_recall", "answer_token_recall"):  # per LoCoMo category
         by: dict[str, list[float]] = {}
         for r in recs:
