@@ -56,6 +56,9 @@ ROWS = {
     "bm25": "method=bm25",
     "dense": "method=dense runtime/components=minilm",
     "hybrid": "method=hybrid runtime/components=minilm",
+    # the same baselines with the relative dates written out, as the localized runtime's turn layers do
+    "bm25_dates": "method=bm25 runtime.context.resolve_dates=true",
+    "hybrid_dates": "method=hybrid runtime/components=minilm runtime.context.resolve_dates=true",
     "fact_store": "method=fact_store runtime/components=tuned_every_kind runtime/read_policy=cross_session {tuned}",
     "full_context": "method=full_context",
 }
@@ -96,9 +99,6 @@ def check_options(c: dict) -> None:
     if not isinstance(c["budgets"], list) or not c["budgets"]:
         raise ConfigError(f"option budgets must be a non-empty list of read budgets, got {c['budgets']!r}")
     c["budgets"] = [parse_int(b, f"budgets[{i}]", minimum=1) for i, b in enumerate(c["budgets"])]
-    if not isinstance(c["ablation_budgets"], list) or not c["ablation_budgets"]:
-        raise ConfigError(f"option ablation_budgets must be a non-empty list of read budgets, got {c['ablation_budgets']!r}")
-    c["ablation_budgets"] = [parse_int(b, f"ablation_budgets[{i}]", minimum=1) for i, b in enumerate(c["ablation_budgets"])]
     c["facts_untuned_interactions"] = parse_int(c["facts_untuned_interactions"], "facts_untuned_interactions", minimum=1)
     for key, known in (("rows", ROWS), ("ablations", ABLATIONS), ("fact_extractors", FACT_EXTRACTORS),
                        ("tuned_kinds", ("summary", "entities", "facts", "states", "artifacts", "events"))):
@@ -225,20 +225,18 @@ def plan(c: dict, folds: list[list[str]], out: Path) -> list:
         needs_of = {"tuned": [f"export_f{k}"] if bundle is not None else [],
                     "router": ([f"export_f{k}"] if bundle is not None else []) + [f"export_router_f{k}"]}
         ev = ["benchmark=locomo", f"locomo.input={c['input']}", f"units={_list(held)}", "wandb.enabled=false"]
-        if c["rows"]:
-            rows = [x for r in c["rows"] for x in ("--row", ROWS[r].format(**fills))]
-            deps = sorted({d for r in c["rows"] for key in ("tuned", "router") if "{" + key + "}" in ROWS[r]
-                           for d in needs_of[key]})
-            stages.append(Stage(f"eval_f{k}", [*py, "-m", "eval.compare", "grid", *rows, "--budgets",
+        # the ablations run in the same process as the rows: a cross-encoder scores each (question, state)
+        # pair once per process, so the localized runtime without a read layer costs its reads only
+        specs = [ROWS[r].format(**fills) for r in c["rows"]]
+        specs += [ROWS["localized"].format(**fills) + f" ablation={a}" for a in c["ablations"]]
+        if specs:
+            keys = [key for key in ("tuned", "router")
+                    if any("{" + key + "}" in ROWS[r] for r in c["rows"]) or (key == "router" and c["ablations"])]
+            deps = sorted({d for key in keys for d in needs_of[key]})
+            stages.append(Stage(f"eval_f{k}", [*py, "-m", "eval.compare", "grid",
+                                               *[x for sp in specs for x in ("--row", sp)], "--budgets",
                                                *map(str, c["budgets"]), "--out", str(out / f"eval_f{k}" / "runs"), *ev],
-                                deps, what=f"rows x budgets on conversations {held}"))
-        if c["ablations"]:
-            rows = [x for a in c["ablations"] for x in ("--row", ROWS["localized"].format(**fills) + f" ablation={a}")]
-            stages.append(Stage(f"ablations_f{k}", [*py, "-m", "eval.compare", "grid", *rows, "--budgets",
-                                                    *map(str, c["ablation_budgets"]),
-                                                    "--out", str(out / f"ablations_f{k}" / "runs"),
-                                                    *ev], needs_of["router"],
-                                what="the localized runtime without each component"))
+                                deps, what=f"rows and ablations x budgets on conversations {held}"))
     return stages
 
 
@@ -247,14 +245,21 @@ def row_name(r: dict) -> str:
     and ablation."""
     from arbor_train.runtime.config import label
 
+    found = []
     for name, spec in ROWS.items():
         parts = [p.split("=", 1) for p in spec.split() if "=" in p]
         method = dict(parts)["method"]
         choices = {k.split("/", 1)[1]: v for k, v in parts if k.startswith("runtime/")}
-        if r["method"] == method and r.get("runtime") == label({"choices": choices}):
-            abl = r.get("ablation", "full")  # the ablation config's name: full, or no_<component>
-            return name if abl == "full" else f"{name} without {abl.removeprefix('no_')}"
-    return f"{r['method']} ({r.get('runtime')})"
+        # keys a row sets itself (bm25_dates: runtime.context.resolve_dates=true), not the bundles filled in
+        own = {p.lower() for p in spec.split() if p.startswith("runtime.") and "{" not in p}
+        if r["method"] == method and r.get("runtime") == label({"choices": choices}) \
+                and own <= {x.lower() for x in r.get("runtime_settings") or []}:  # (recorded as True)
+            found.append((len(own), name))
+    if not found:
+        return f"{r['method']} ({r.get('runtime')})"
+    name = max(found)[1]  # the most specific row
+    abl = r.get("ablation", "full")  # the ablation config's name: full, or no_<component>
+    return name if abl == "full" else f"{name} without {abl.removeprefix('no_')}"
 
 
 def merge(out: Path, folds: list[list[str]], c: dict) -> dict:
@@ -264,7 +269,7 @@ def merge(out: Path, folds: list[list[str]], c: dict) -> dict:
 
     cells: dict[tuple[str, int], dict[int, dict]] = {}
     for k in range(len(folds)):
-        for sub in (f"eval_f{k}", f"ablations_f{k}"):
+        for sub in (f"eval_f{k}", f"ablations_f{k}"):  # (ablations_f<k>: runs made before they joined eval_f<k>)
             d = out / sub / "runs"
             if d.exists():
                 for r in collect([d]):

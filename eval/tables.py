@@ -13,6 +13,8 @@ A table config names what the table is made of, so nobody stitches commands toge
     common: [overrides]        eval.run overrides of every row (the data set, the benchmark)
     budgets: [2048]            read budgets; every row runs at each
     rows: {label: [overrides]} the rows, in order
+    out_option: run_dir        (module) the entry point's output-folder option, pointed at the table's runs folder
+                               (null: it has none)
     markdown_from: key         (module) the module's own markdown in its result, published instead of the
                                columns' table (a module with several tables: eval.locomo_cv)
     columns: [result keys]     what the table shows of each run's results.json: a key, a dotted path into it
@@ -180,7 +182,9 @@ def run_module(t: dict, overrides: list[str], runs: Path) -> tuple[list[dict], l
     from arbor_train.runtime.config import compose
 
     runs.mkdir(parents=True, exist_ok=True)
-    where = [f"run_dir={runs}"] if t.get("run_dir", True) else []
+    # the entry point's output folder option (run_dir, or `out_option`: eval.locomo_cv's `out`) is the runs folder
+    opt = t.get("out_option", "run_dir")
+    where = [f"{opt}={runs}"] if opt else []
     cfg = compose(t["config"], [*t["common"], *where, *overrides])
     print(f"[table {t['name']}] {t['module']} " + " ".join([*t["common"], *overrides]), flush=True)
     res = importlib.import_module(t["module"]).run(cfg)

@@ -68,7 +68,9 @@ def test_each_fold_trains_without_its_conversations_and_is_scored_only_on_them(t
         assert f"reranker.bundle.path={tmp_path / 'cv' / f'fold{k}' / 'router'}" in routed
         today = next(a for a in ev if "read_policy=cross_session_v1" in a and "tuned_every_kind" in a)
         assert f"reranker.bundle.path={(tmp_path / 'rr').resolve()}" in today  # the runtime before: the main reranker
-        assert all(f"fold{k}" in a for a in stages[f"ablations_f{k}"].argv if "runtime/components" in a)
+        abl = [a for a in ev if "ablation=" in a]
+        assert {a.rsplit("ablation=", 1)[1] for a in abl} == set(c["ablations"])
+        assert all(f"fold{k}" in a and "read_policy=cross_session " in a for a in abl)
         bundle = str(tmp_path / "cv" / f"fold{k}" / "bundle")
         tuned = today
         # the fold's own bundle extracts facts; every other kind stays heuristic (tuned_kinds)
@@ -134,7 +136,7 @@ def test_merge_averages_the_folds_and_keeps_each(tmp_path):
     _result(out / "eval_f1" / "runs" / "00", "bm25", "heuristic", 1024, 0.7, 0.8, {"1": 0.6, "2": 0.8})
     _result(out / "eval_f0" / "runs" / "01", "arbormem", "tuned_every_kind/cross_session", 1024, 0.6, 0.7, {"1": 0.5},
             loc=(0.25, 0.75))
-    _result(out / "ablations_f0" / "runs" / "00", "arbormem", "tuned_every_kind/cross_session", 1024, 0.1, 0.2, {},
+    _result(out / "eval_f0" / "runs" / "02", "arbormem", "tuned_every_kind/cross_session", 1024, 0.1, 0.2, {},
             ablation="no_routing")
     for k, f1 in ((0, 0.2), (1, 0.4)):
         (out / f"facts_tuned_f{k}").mkdir(parents=True)
@@ -301,3 +303,15 @@ def test_empty_targets_are_capped_per_kind():
     assert kinds.count("facts") == 12 and kinds.count("events") == 4 and empty_events == 1  # 1 of 4 <= 0.3
     _, gen, _ = sft_examples(rows, tok, ["events"], 256)
     assert len(gen) == 12  # no cap: every row
+
+
+def test_a_row_is_named_by_its_method_choices_and_own_settings():
+    from eval.locomo_cv import row_name
+
+    assert row_name({"method": "bm25", "runtime": "heuristic", "runtime_settings": []}) == "bm25"
+    assert row_name({"method": "bm25", "runtime": "heuristic",
+                     "runtime_settings": ["runtime.context.resolve_dates=True"]}) == "bm25_dates"  # as recorded
+    routed = {"method": "arbormem", "runtime": "tuned_every_kind/cross_session",
+              "runtime_settings": ["runtime.reranker.bundle.path=/f0/router"], "ablation": "no_localized_states"}
+    assert row_name(routed) == "localized without localized_states"
+    assert row_name(dict(routed, runtime="tuned_every_kind/cross_session_v1", ablation="full")) == "today"

@@ -211,3 +211,53 @@ def test_locomo_records_question_localization_for_a_localizing_method():
                                                  for r in recs], [])
     assert ReadResult("x", 1).localized == ()
     assert not math.isnan(out["answer_token_recall"])
+
+
+def test_cross_encoder_scores_are_memoised_per_pair_and_per_weights(monkeypatch):
+    """A replay read at several budgets scores each (question, document) once; other weights never share."""
+    from arbor_train.runtime.rerank import CrossEncoderReranker
+    from arbor_train.runtime.schema import Candidate
+
+    calls = []
+
+    def fake(self, cands, query, docs):
+        calls.append(len(docs))
+        return [len(d) / 100 for d in docs]
+
+    monkeypatch.setattr(CrossEncoderReranker, "_score", fake)
+    a = CrossEncoderReranker(torch.nn.Linear(1, 1), None, 64)
+    a.cache_ns = "bundle:/x:1"
+    cands = [Candidate(i, f"topic {i}", "", "s" * i, [], i, 0) for i in range(3)]
+    first = a.score("q?", cands)
+    again = a.score("q?", cands + [Candidate(9, "new", "", "", [], 9, 0)])
+    assert again[:3] == first and calls == [3, 1]  # only the new pair was scored
+    b = CrossEncoderReranker(torch.nn.Linear(1, 1), None, 64)
+    b.cache_ns = "bundle:/x:2"  # another export of the same folder: its own memo
+    b.score("q?", cands)
+    assert calls == [3, 1, 3]
+
+
+def test_relative_dates_are_written_out_against_the_turn_own_time():
+    from arbor_train.runtime.text import parse_date, resolve_dates
+
+    ts = "1:56 pm on 8 May, 2023"  # a Monday
+    assert str(parse_date(ts)) == "2023-05-08" and str(parse_date("May 8, 2023")) == "2023-05-08"
+    assert str(parse_date("2023-05-08T13:56")) == "2023-05-08" and parse_date("13:56") is None
+    got = resolve_dates("I went yesterday. Last week I ran; two days ago, 3 years ago, last Friday, last month.", ts)
+    assert got == ("I went yesterday (7 May 2023). Last week (the week before 8 May 2023) I ran; two days ago "
+                   "(6 May 2023), 3 years ago (2020), last Friday (5 May 2023), last month (April 2023).")
+    assert resolve_dates("yesterday", None) == "yesterday" and resolve_dates("no dates here", ts) == "no dates here"
+    assert resolve_dates("last month", "2023-01-15") == "last month (December 2022)"
+
+
+def test_the_cross_session_policy_writes_the_dates_out_and_the_default_does_not():
+    from arbor_train.runtime import ArborMemory, default_config
+
+    for policy, want in (("cross_session", True), ("default", False)):
+        cfg = default_config(f"runtime/read_policy={policy}", "runtime.context.supplemental_budget=400",
+                             "runtime.context.supplemental_match=keyword")
+        mem = ArborMemory.open(":memory:", "c", cfg)
+        mem.step("Caroline: I went to the support group yesterday.", "Melanie: Wow!", "1:56 pm on 8 May, 2023")
+        mem.step("Caroline: Painting is my hobby.", "Melanie: Nice.", "2:00 pm on 8 May, 2023")
+        _, ctx = mem.read("When did Caroline go to the support group?", budget=600)
+        assert ("yesterday (7 May 2023)" in ctx.text) is want, ctx.text

@@ -184,13 +184,18 @@ def _pack_ranked(m: "_TurnStore", positions: list[int], now: str | None, budget:
 class _TurnStore(Method):
     """Shared state of the flat baselines: the committed turns, in order."""
 
-    def __init__(self, counter: TokenCounter):
+    def __init__(self, counter: TokenCounter, resolve_dates: bool = False):
         self.counter = counter
         self.turns: list[tuple[int, str, str | None]] = []
         self.forgotten: set[int] = set()  # positions in self.turns deleted on request
+        self.resolve_dates = resolve_dates  # write relative dates out, as the runtime's turn layers can
 
     def text(self, i: int) -> str:
         turn, raw, ts = self.turns[i]
+        if self.resolve_dates:
+            from arbor_train.runtime.text import resolve_dates
+
+            raw = resolve_dates(raw, ts)
         return f"[{ts}] {raw}" if ts else raw
 
     def observe(self, turn, user, assistant, ts, is_question, speaker=None) -> Observation:
@@ -241,8 +246,8 @@ class PreviousMessageMethod(FullContextMethod):
 class BM25Method(_TurnStore):
     name = "bm25"
 
-    def __init__(self, counter: TokenCounter, prefilter: float = 2.0):
-        super().__init__(counter)
+    def __init__(self, counter: TokenCounter, prefilter: float = 2.0, resolve_dates: bool = False):
+        super().__init__(counter, resolve_dates)
         self.db = sqlite3.connect(":memory:")
         self.db.execute("CREATE VIRTUAL TABLE t USING fts5(lex, tokenize='porter unicode61')")
         self.prefilter = prefilter
@@ -271,8 +276,8 @@ class BM25Method(_TurnStore):
 class DenseMethod(_TurnStore):
     name = "dense"
 
-    def __init__(self, counter: TokenCounter, embedder, prefilter: float = 2.0):
-        super().__init__(counter)
+    def __init__(self, counter: TokenCounter, embedder, prefilter: float = 2.0, resolve_dates: bool = False):
+        super().__init__(counter, resolve_dates)
         self.embedder, self.prefilter = embedder, prefilter
         self.vecs: list[np.ndarray] = []
 
@@ -301,8 +306,9 @@ class HybridMethod(_TurnStore):
 
     name = "hybrid"
 
-    def __init__(self, counter: TokenCounter, embedder, prefilter: float = 2.0, rrf_k: float = 60.0, k: int = 200):
-        super().__init__(counter)
+    def __init__(self, counter: TokenCounter, embedder, prefilter: float = 2.0, rrf_k: float = 60.0, k: int = 200,
+                 resolve_dates: bool = False):
+        super().__init__(counter, resolve_dates)
         self.bm25, self.dense = BM25Method(counter, prefilter), DenseMethod(counter, embedder, prefilter)
         self.prefilter, self.rrf_k, self.k = prefilter, rrf_k, k
 
@@ -348,14 +354,22 @@ class FactStoreMethod(_ArborBacked):
         return _pack(self.counter, f"Current time: {now}", items, budget)
 
 
+def _dates(cfg: dict) -> bool:
+    return bool(cfg["context"].get("resolve_dates", False))
+
+
 # method name -> builder(runtime_cfg, components, session_id, counter, prefilter); the one list of methods
 BUILDERS = {
     "arbormem": lambda cfg, comps, sid, counter, prefilter: ArborMemoryMethod(cfg, comps, sid),
     "full_context": lambda cfg, comps, sid, counter, prefilter: FullContextMethod(counter),
-    "bm25": lambda cfg, comps, sid, counter, prefilter: BM25Method(counter, prefilter),
-    "dense": lambda cfg, comps, sid, counter, prefilter: DenseMethod(counter, comps["embedder"], prefilter),
+    # the flat baselines render turns as they were written, or with relative dates written out when
+    # runtime.context.resolve_dates is set (a baseline row beside a runtime that writes them out)
+    "bm25": lambda cfg, comps, sid, counter, prefilter: BM25Method(counter, prefilter, _dates(cfg)),
+    "dense": lambda cfg, comps, sid, counter, prefilter: DenseMethod(counter, comps["embedder"], prefilter,
+                                                                     _dates(cfg)),
     "hybrid": lambda cfg, comps, sid, counter, prefilter: HybridMethod(counter, comps["embedder"], prefilter,
-                                                                       float(cfg["recall"]["rrf_k"])),
+                                                                       float(cfg["recall"]["rrf_k"]),
+                                                                       resolve_dates=_dates(cfg)),
     "fact_store": lambda cfg, comps, sid, counter, prefilter: FactStoreMethod(cfg, comps, sid, counter),
     "previous_message": lambda cfg, comps, sid, counter, prefilter: PreviousMessageMethod(counter),
 }

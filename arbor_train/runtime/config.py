@@ -25,14 +25,20 @@ BASE_CHOICES = {"components": "heuristic", "read_policy": "default", "domain": "
 
 
 def compose(config_name: str, overrides: list[str] | None = None) -> DictConfig:
+    """conf/<config_name>.yaml with `overrides`; an override Hydra cannot parse or apply is a ConfigError
+    naming it (the entry points print one line, never a traceback)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import ConfigCompositionException, OverrideParseException
 
-    if GlobalHydra.instance().is_initialized():
-        return hydra_compose(config_name=config_name, overrides=overrides or [])
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose(config_name=config_name, overrides=overrides or [])
+    try:
+        if GlobalHydra.instance().is_initialized():
+            return hydra_compose(config_name=config_name, overrides=overrides or [])
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return hydra_compose(config_name=config_name, overrides=overrides or [])
+    except (OverrideParseException, ConfigCompositionException) as e:
+        raise ConfigError(f"{config_name}: overrides {' '.join(overrides or [])!r}: {' '.join(str(e).split())}") from None
 
 
 def options(axis: str) -> list[str]:

@@ -35,6 +35,9 @@ A layer runs at most once per read: a later entry of a layer that already ran is
                     date or exact value with the question, `keyword` keeps every hit;
                     `supplemental_rank: hybrid` fuses BM25 with the vector index (reciprocal rank);
                     `group_by_time: true` renders the turns in conversation order, each timestamp once
+
+`context.resolve_dates: true` writes a turn's relative dates out against its own time in the turn layers
+(localized_states, supplemental): "yesterday (7 May 2023)", "last week (the week before 8 May 2023)".
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import ConfigError
 from .context import Block, BudgetPacker, fill_by_time, ts_prefix
-from .text import stems
+from .text import resolve_dates, stems
 
 if TYPE_CHECKING:
     from .schema import Localization, Node
@@ -91,6 +94,11 @@ class Read:
     @property
     def structured(self) -> bool:
         return bool(self.abl["structured_evidence"] and self.abl["structured_extraction"])
+
+    def raw(self, n: "Node") -> str:
+        """A node's raw turn as a turn layer shows it: with its relative dates written out against its own
+        time when `context.resolve_dates` (text.resolve_dates)."""
+        return resolve_dates(n.raw, n.timestamp) if self.cc.get("resolve_dates", False) else n.raw
 
     @cached_property
     def q_stems(self) -> set[str]:
@@ -367,7 +375,7 @@ def localized_states(r: Read, cap: int) -> Block | None:
         order += frontier
         nodes.update(st.get_nodes([i for i in frontier if i not in nodes]))
     order = [i for i in order if i in nodes and i not in r.shown]
-    items = [(nodes[i].timestamp, nodes[i].seq, nodes[i].raw, [i]) for i in order]
+    items = [(nodes[i].timestamp, nodes[i].seq, r.raw(nodes[i]), [i]) for i in order]
     return fill_by_time(r.packer, Block("LocalizedStates"), items, cap)
 
 
@@ -403,8 +411,8 @@ def supplemental(r: Read, cap: int) -> Block | None:
     keep = [nodes[nid] for nid in hits
             if rule == "keyword" or r.q_ents & {e.lower() for e in nodes[nid].entities}]  # entity: a direct match
     if cc.get("group_by_time", False):  # in conversation order, each timestamp written once
-        return fill_by_time(r.packer, Block("Supplemental"), [(n.timestamp, n.seq, n.raw, [n.id]) for n in keep], cap)
-    return r.packer.fill(Block("Supplemental"), [(f"{ts_prefix(n.timestamp)}{n.raw}", [n.id]) for n in keep], cap)
+        return fill_by_time(r.packer, Block("Supplemental"), [(n.timestamp, n.seq, r.raw(n), [n.id]) for n in keep], cap)
+    return r.packer.fill(Block("Supplemental"), [(f"{ts_prefix(n.timestamp)}{r.raw(n)}", [n.id]) for n in keep], cap)
 
 
 # layer -> (builder, the context option holding its default budget)

