@@ -78,7 +78,7 @@ def default_config(*overrides: str) -> dict:
         overrides = tuple(overrides[0])
     try:
         cfg = compose("runtime_cli", check_overrides(overrides))
-    except (HydraException, OmegaConfBaseException) as e:
+    except (HydraException, OmegaConfBaseException, ConfigError) as e:
         raise ConfigError(f"runtime overrides {list(overrides)}: {e}") from e
     return OmegaConf.to_container(cfg.runtime, resolve=True)
 
