@@ -45,10 +45,12 @@ def test_each_fold_trains_without_its_conversations_and_is_scored_only_on_them(t
     from eval.locomo_cv import check_options, locomo_mix_index, plan, split_folds
 
     _supervision(tmp_path)
-    c = cv_cfg(tmp_path, "tuned_kinds=[facts]", "router.overrides=['data.mix.1.dir=" + str(tmp_path / "sup") + "']")
+    c = cv_cfg(tmp_path, "tuned_kinds=[facts]")
     check_options(c)
     at = locomo_mix_index(c)
-    assert at == 1  # the router experiment's source that reads `supervision` (its BranchMemEval one is 0)
+    assert at == 1  # the router experiment's LoCoMo source (its BranchMemEval one is 0)
+    with pytest.raises(Exception, match=r"option router.locomo_mix=0: .* no data.mix source 0 with the localization"):
+        locomo_mix_index(cv_cfg(tmp_path, "router.locomo_mix=0", "router.overrides=['data.mix.0.sets=[routing]']"))
     folds = split_folds(IDS, 4)
     stages = {s.name: s for s in plan(c, folds, tmp_path / "cv")}
     held_out_by_eval = []
@@ -64,6 +66,7 @@ def test_each_fold_trains_without_its_conversations_and_is_scored_only_on_them(t
         # the fold's router leaves the fold's LoCoMo questions out, on the source that holds them
         router = stages[f"router_f{k}"].argv
         assert f"data.mix.{at}.exclude_sessions=" + "[" + ",".join(f'"{i}"' for i in held) + "]" in router
+        assert f"data.mix.{at}.dir={(tmp_path / 'sup').resolve()}" in router  # the CV's own supervision
         routed = next(a for a in ev if "read_policy=cross_session " in a + " " and "tuned_every_kind" in a)
         assert f"reranker.bundle.path={tmp_path / 'cv' / f'fold{k}' / 'router'}" in routed
         today = next(a for a in ev if "read_policy=cross_session_v1" in a and "tuned_every_kind" in a)
@@ -88,8 +91,7 @@ def test_each_fold_trains_without_its_conversations_and_is_scored_only_on_them(t
     c["run_folds"] = [1]
     assert {s.name[-2:] for s in plan(c, folds, tmp_path / "cv")} == {"f1"}
     # no tuned kind and no tuned fact extractor: no extractor is trained, every kind stays heuristic
-    c2 = cv_cfg(tmp_path, "tuned_kinds=[]", "fact_extractors=[heuristic]",
-                "router.overrides=['data.mix.1.dir=" + str(tmp_path / "sup") + "']")
+    c2 = cv_cfg(tmp_path, "tuned_kinds=[]", "fact_extractors=[heuristic]")
     check_options(c2)
     names = [s.name for s in plan(c2, folds, tmp_path / "cv")]
     assert not any(n.startswith(("train_f", "export_f")) for n in names) and "router_f0" in names
@@ -315,3 +317,39 @@ def test_a_row_is_named_by_its_method_choices_and_own_settings():
               "runtime_settings": ["runtime.reranker.bundle.path=/f0/router"], "ablation": "no_localized_states"}
     assert row_name(routed) == "localized without localized_states"
     assert row_name(dict(routed, runtime="tuned_every_kind/cross_session_v1", ablation="full")) == "today"
+
+
+@pytest.mark.slow
+def test_the_cross_validation_runs_end_to_end_at_smoke_size(tmp_path, smoke_data):
+    """Two LoCoMo conversations, 2 folds, fold 0 only: the supervision, a 2-step router trained without the
+    held-out conversation, its rows and an ablation, and the merged table with question localization."""
+    import shutil
+
+    from data_gen.locomo import run as make_supervision
+    from eval.locomo_cv import run
+
+    src = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo"
+    if not src.exists():
+        pytest.skip("../shared/data/locomo is not beside the repository")
+    (tmp_path / "in").mkdir()
+    for cid in ("26", "30"):
+        shutil.copy(src / f"{cid}.json", tmp_path / "in" / f"{cid}.json")
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        make_supervision(compose(config_name="locomo", overrides=[
+            f"input={tmp_path / 'in'}", f"out_dir={tmp_path / 'sup'}", "progress=false", "runtime/components=minilm",
+            "runtime.reranker.kind=heuristic", "runtime/read_policy=cross_session"]))
+        cfg = compose(config_name="locomo_cv", overrides=[
+            f"input={tmp_path / 'in'}", f"supervision={tmp_path / 'sup'}", f"out={tmp_path / 'cv'}", "folds=2",
+            "run_folds=[0]", "budgets=[512]", "rows=[localized,bm25,bm25_dates]", "ablations=[localized_states]",
+            "tuned_kinds=[]", "fact_extractors=[heuristic]",
+            "router.overrides=['trainer.max_steps=2','data.max_train_examples=16','data.max_val_examples=8',"
+            f"'task.compare_baselines=false','logger=csv','data.train_dir={smoke_data}','data.val_dir={smoke_data}',"
+            f"'data.mix.0.dir={smoke_data}']"])  # (the CV points data.mix.1 at its own supervision)
+    res = run(cfg)
+    manifest = json.loads((tmp_path / "cv" / "fold0" / "router" / "manifest.json").read_text())
+    assert manifest["question_document"] == "text" and "26" not in manifest["training_sessions"]
+    assert "30" in manifest["training_sessions"]  # the other fold's conversation trained it
+    rows = {r["row"]: r for r in res["merged"]["rows"]}
+    assert set(rows) == {"localized", "bm25", "bm25_dates", "localized without localized_states"}
+    assert rows["localized"]["evidence_in_candidates"] > 0.5 and rows["bm25"].get("localization_at_1") is None
+    assert "Question localization" in res["table"] and "| localized | 512 |" in res["table"]
