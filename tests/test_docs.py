@@ -135,7 +135,7 @@ def test_every_module_table_runs_at_smoke_size(name, smoke_data, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [n for n in table_names() if n in ("specificity", "irc_dev", "formal_locomo_router")])
+@pytest.mark.parametrize("name", [n for n in table_names() if n in ("specificity", "irc_dev")])
 def test_every_bundle_table_runs_at_smoke_size_on_a_tiny_router(name, smoke_data, tmp_path):
     """Tables whose rows need a trained router run on a 2-step tiny one (the need is met by the override of
     runtime.reranker.bundle.path), one session or file each."""
