@@ -121,9 +121,10 @@ def check_options(c: dict) -> None:
     c["router"]["locomo_mix"] = parse_int(c["router"]["locomo_mix"], "router.locomo_mix", minimum=0)
     if not isinstance(c["router"].get("overrides", []), list):
         raise ConfigError(f"option router.overrides must be a list of overrides, got {c['router']['overrides']!r}")
-    needs_bundles = any(r in BUNDLED for r in c["rows"]) or c["ablations"]
+    needs = {"reranker_bundle": any(r in BUNDLED and r not in ROUTED for r in c["rows"]),
+             "tagger_bundle": c["tagger_bundle"] is not None and (any(r in BUNDLED for r in c["rows"]) or c["ablations"])}
     for key in ("reranker_bundle", "tagger_bundle"):
-        if needs_bundles and not (Path(str(c[key])) / "manifest.json").exists():
+        if needs[key] and not (Path(str(c[key])) / "manifest.json").exists():
             raise MissingInputError(f"option {key}={c[key]!r}: no bundle there (python -m arbor_train.export; the "
                                     f"main job writes outputs/pipeline/bundles/{key.split('_')[0]})")
     if any(r in ROUTED for r in c["rows"]) or c["ablations"]:
@@ -172,7 +173,8 @@ def tuned_overrides(c: dict, bundle: Path, reranker: Path | None = None) -> str:
     the reranker (`reranker`, else the main job's), the tagger, and the fold's extractor for `tuned_kinds`."""
     kinds = set(c["tuned_kinds"])
     ov = [f"runtime.reranker.bundle.path={Path(reranker or c['reranker_bundle']).resolve()}",
-          f"runtime.tagger.bundle.path={Path(c['tagger_bundle']).resolve()}"]
+          f"runtime.tagger.bundle.path={Path(c['tagger_bundle']).resolve()}" if c["tagger_bundle"] is not None
+          else "runtime.tagger.kind=heuristic"]
     for k in ("summary", "entities", "facts", "states", "artifacts", "events"):
         ov.append(f"runtime.extractors.{k}.path={bundle}" if k in kinds else f"runtime.extractors.{k}=heuristic")
     return " ".join(ov)

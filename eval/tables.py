@@ -157,14 +157,13 @@ def commit() -> str:
 
 def run_eval(t: dict, overrides: list[str], runs: Path) -> list[dict]:
     from arbor_train.conversations.io import quiet
-    from arbor_train.runtime.config import compose
 
     from .run import run
 
     rows = []
     for i, (label, row) in enumerate(t["rows"].items()):
         for b in t["budgets"]:
-            cfg = compose("eval", [*t["common"], *row, f"budget={b}", "wandb.enabled=false", *overrides,
+            cfg = compose_table(t, "eval", [*t["common"], *row, f"budget={b}", "wandb.enabled=false", *overrides,
                                    f"run_dir={runs / f'{i:02d}-b{b}'}"])
             print(f"[table {t['name']}] {label} at {b} tokens", flush=True)
             with quiet():
@@ -174,18 +173,30 @@ def run_eval(t: dict, overrides: list[str], runs: Path) -> list[dict]:
     return rows
 
 
+def compose_table(t: dict, config: str, overrides: list[str]):
+    """The entry point's config with the table's overrides; one Hydra cannot parse or apply is a
+    ConfigError naming the table and the overrides (one error line, exit 2)."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from arbor_train.runtime.config import compose
+
+    try:
+        return compose(config, overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(f"table={t['name']}: overrides {' '.join(overrides)!r}: {' '.join(str(e).split())}") from None
+
+
 def run_module(t: dict, overrides: list[str], runs: Path) -> tuple[list[dict], list[Path], str | None]:
     """One run of the table's entry point (its `run(cfg)`), its rows taken from the result (a row's
     `budget`, when it has one, kept), and the markdown the module wrote itself (`markdown_from`), if any."""
     import importlib
 
-    from arbor_train.runtime.config import compose
-
     runs.mkdir(parents=True, exist_ok=True)
     # the entry point's output folder option (run_dir, or `out_option`: eval.locomo_cv's `out`) is the runs folder
     opt = t.get("out_option", "run_dir")
     where = [f"{opt}={runs}"] if opt else []
-    cfg = compose(t["config"], [*t["common"], *where, *overrides])
+    cfg = compose_table(t, t["config"], [*t["common"], *where, *overrides])
     print(f"[table {t['name']}] {t['module']} " + " ".join([*t["common"], *overrides]), flush=True)
     res = importlib.import_module(t["module"]).run(cfg)
     found = value(res, t["rows_from"])

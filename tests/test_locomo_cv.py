@@ -341,6 +341,7 @@ def test_the_cross_validation_runs_end_to_end_at_smoke_size(tmp_path, smoke_data
         cfg = compose(config_name="locomo_cv", overrides=[
             f"input={tmp_path / 'in'}", f"supervision={tmp_path / 'sup'}", f"out={tmp_path / 'cv'}", "folds=2",
             "run_folds=[0]", "budgets=[512]", "rows=[localized,bm25,bm25_dates]", "ablations=[localized_states]",
+            f"reranker_bundle={tmp_path / 'none'}", "tagger_bundle=null",  # no main-job bundle is needed here
             "tuned_kinds=[]", "fact_extractors=[heuristic]",
             "router.overrides=['trainer.max_steps=2','data.max_train_examples=16','data.max_val_examples=8',"
             f"'task.compare_baselines=false','logger=csv','data.train_dir={smoke_data}','data.val_dir={smoke_data}',"

@@ -25,20 +25,14 @@ BASE_CHOICES = {"components": "heuristic", "read_policy": "default", "domain": "
 
 
 def compose(config_name: str, overrides: list[str] | None = None) -> DictConfig:
-    """conf/<config_name>.yaml with `overrides`; an override Hydra cannot parse or apply is a ConfigError
-    naming it (the entry points print one line, never a traceback)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import ConfigCompositionException, OverrideParseException
 
-    try:
-        if GlobalHydra.instance().is_initialized():
-            return hydra_compose(config_name=config_name, overrides=overrides or [])
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return hydra_compose(config_name=config_name, overrides=overrides or [])
-    except (OverrideParseException, ConfigCompositionException) as e:
-        raise ConfigError(f"{config_name}: overrides {' '.join(overrides or [])!r}: {' '.join(str(e).split())}") from None
+    if GlobalHydra.instance().is_initialized():
+        return hydra_compose(config_name=config_name, overrides=overrides or [])
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name=config_name, overrides=overrides or [])
 
 
 def options(axis: str) -> list[str]:
@@ -78,7 +72,7 @@ def default_config(*overrides: str) -> dict:
         overrides = tuple(overrides[0])
     try:
         cfg = compose("runtime_cli", check_overrides(overrides))
-    except (HydraException, OmegaConfBaseException, ConfigError) as e:
+    except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(f"runtime overrides {list(overrides)}: {e}") from e
     return OmegaConf.to_container(cfg.runtime, resolve=True)
 
