@@ -42,12 +42,14 @@ A layer runs at most once per read: a later entry of a layer that already ran is
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import ConfigError
 from .context import Block, BudgetPacker, fill_by_time, ts_prefix
+from .localize import logit
 from .text import resolve_dates, stems
 
 if TYPE_CHECKING:
@@ -326,8 +328,6 @@ def localized_order(loc: "Localization", k: int, mass: float, temperature: float
     over each candidate's logit / temperature), at most `k`, at least one. `rank: fused` orders them by the
     reciprocal-rank fusion of the reranker's rank and recall's own (its channels fused), the count still
     set by the reranker's confidence."""
-    import math
-
     cands = sorted(loc.candidates, key=lambda c: -c.score)
     if not cands or k <= 0:
         return []
@@ -338,9 +338,7 @@ def localized_order(loc: "Localization", k: int, mass: float, temperature: float
         fused = [cands[i] for i in order]
     else:
         fused = cands
-    eps = 1e-6
-    z = [math.log(min(1 - eps, max(eps, c.score)) / (1 - min(1 - eps, max(eps, c.score)))) / temperature
-         for c in cands]
+    z = [logit(c.score, temperature) for c in cands]
     top = max(z)
     e = [math.exp(x - top) for x in z]
     total = sum(e)

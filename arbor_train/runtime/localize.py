@@ -40,6 +40,13 @@ def entity_words(items) -> set[str]:
     return out
 
 
+def logit(p: float, temperature: float = 1.0, eps: float = 1e-6) -> float:
+    """log(p / (1 - p)) / temperature, p clipped to [eps, 1 - eps]: a reranker's probability as the logit its
+    confidences are a softmax over (trajectories in `_alternatives`, states in the localized read layer)."""
+    p = min(1 - eps, max(eps, p))
+    return math.log(p / (1 - p)) / temperature
+
+
 QUESTION_TEXT_CHARS = 700  # a question document holds this much of the state's own turn
 
 
@@ -139,6 +146,7 @@ class Localizer:
                     ids = self.store.latest_by_speaker(self.conv, name, k_addr)
                     addressed_ids.update(ids)
                     add("addressed", [(i, 1.0) for i in ids])
+        as_question = for_question and self.question_document == "text"
         ids = sorted(fused, key=lambda i: -fused[i])[: rc["max_candidates"]]
         nodes = self.store.get_nodes(ids)
         ctx = self._speaker_context(speaker, names, addressed, nodes) if speaker is not None else {}
@@ -156,9 +164,10 @@ class Localizer:
             ch["fused"] = round(fused[i], 5)
             cands.append(Candidate(node_id=i, topic_key=n.topic_key, path_summary=n.path_summary,
                                    node_summary=n.node_summary, entities=n.entities, seq=n.seq,
-                                   root_id=n.root_id, channels=ch, text=turn_text(n), timestamp=n.timestamp,
-                                   as_question=for_question and self.question_document == "text",
-                                   **group_features(n, latest, now)))
+                                   root_id=n.root_id, channels=ch, **group_features(n, latest, now),
+                                   # a question's candidates carry their own turn (a turn's never read it)
+                                   **({"text": turn_text(n), "timestamp": n.timestamp, "as_question": as_question}
+                                      if for_question else {})))
         return cands
 
     @property
@@ -237,16 +246,10 @@ class Localizer:
         whether or not it clears the threshold (eval sweeps thresholds from it)."""
         sc = self.cfg["localization"].get("secondary") or {}
         temp = float(sc.get("temperature", 1.0))
-        eps = 1e-6
-
-        def logit(p: float) -> float:
-            p = min(1 - eps, max(eps, p))
-            return math.log(p / (1 - p)) / temp
-
         best: dict[int, Candidate] = {}
         for c in loc.candidates:  # sorted best first: the first of a trajectory is its best state
             best.setdefault(c.root_id, c)
-        z = [logit(c.score) for c in best.values()] + [logit(self.new_root_threshold)]
+        z = [logit(c.score, temp) for c in best.values()] + [logit(self.new_root_threshold, temp)]
         top = max(z)
         e = [math.exp(x - top) for x in z]
         total = sum(e)

