@@ -95,8 +95,25 @@ def test_a_table_refuses_to_start_without_its_inputs_and_names_the_commands(tmp_
         run_table("nope", [], tmp_path / "n")
 
 
-SMOKE_TABLES = [pytest.param(n, marks=pytest.mark.slow) if n == "policies_locomo" else n
-                for n in table_names() if n in ("formal_methods", "formal_ablations", "policies_formal", "policies_locomo")]
+# how each table config is run at smoke size by this suite (a new table config must join one of these)
+EVAL_TABLES = ("formal_methods", "formal_ablations", "policies_formal", "policies_locomo")
+MODULE_TABLES = ("forgetting", "scale", "bench_runtime")
+BUNDLE_TABLES = ("specificity", "irc_dev", "formal_tuned", "specificity_margin", "specificity_answers")
+OWN_TESTS = {"main_job": "tests/test_pipeline.py", "locomo_cv": "tests/test_locomo_cv.py",
+             "own_conversations": "test_every_tutorial_command_runs_at_smoke_size",
+             "reader": "test_the_reader_table_runs_at_smoke_size_on_a_tiny_reader"}
+SLOW_TABLES = ("policies_locomo", "irc_dev", "specificity", "specificity_answers")
+
+
+def test_every_table_config_runs_at_smoke_size_somewhere_in_the_suite():
+    assert sorted(table_names()) == sorted([*EVAL_TABLES, *MODULE_TABLES, *BUNDLE_TABLES, *OWN_TESTS])
+
+
+def smoke_params(names):
+    return [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_TABLES else n for n in table_names() if n in names]
+
+
+SMOKE_TABLES = smoke_params(EVAL_TABLES)
 
 
 @pytest.mark.parametrize("name", SMOKE_TABLES)
@@ -118,7 +135,7 @@ def test_every_eval_table_runs_at_smoke_size(name, smoke_data, tmp_path):
     assert (GENERATED / name / "table.md").read_text() == before
 
 
-@pytest.mark.parametrize("name", [n for n in table_names() if n in ("forgetting", "scale")])
+@pytest.mark.parametrize("name", smoke_params(MODULE_TABLES))
 def test_every_module_table_runs_at_smoke_size(name, smoke_data, tmp_path):
     """A table made by one run of another entry point (eval.forgetting, eval.bench), at smoke size: its rows
     come from that run's result, and the published folder is left alone."""
@@ -134,8 +151,7 @@ def test_every_module_table_runs_at_smoke_size(name, smoke_data, tmp_path):
     assert (GENERATED / name / "table.md").read_text() == before
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", [n for n in table_names() if n in ("specificity", "irc_dev")])
+@pytest.mark.parametrize("name", smoke_params(BUNDLE_TABLES))
 def test_every_bundle_table_runs_at_smoke_size_on_a_tiny_router(name, smoke_data, tmp_path):
     """Tables whose rows need a trained router run on a 2-step tiny one (the need is met by the override of
     runtime.reranker.bundle.path), one session or file each."""
@@ -151,6 +167,35 @@ def test_every_bundle_table_runs_at_smoke_size_on_a_tiny_router(name, smoke_data
     extra = [f"data_dir={smoke_data}"] if any(c.startswith("data_dir=") for c in t["common"]) else []
     out = run_table(name, [*t["smoke"], *extra, f"runtime.reranker.bundle.path={bundle}"], tmp_path / name)
     assert [r["row"] for r in out["rows"]] == [r for r in t["rows"] for _ in t["budgets"]]
+
+
+@pytest.mark.slow
+def test_the_reader_table_runs_at_smoke_size_on_a_tiny_reader(smoke_data, tmp_path, monkeypatch):
+    """The reader table at smoke size, in a scratch folder whose outputs/bundles/reader (the table's need) is a
+    2-step tiny reader trained on another smoke set; the untuned rows read with SmolLM2, one session each."""
+    from omegaconf import OmegaConf
+    from test_reader import READER, cfg, reader_set
+
+    from arbor_train.export import export
+    from arbor_train.train import train
+    from data_gen.branchmem.__main__ import run as generate
+    from eval.tables import load, run_table
+
+    other = tmp_path / "smoke_seed1"
+    generate(cfg("data_gen", "preset=smoke", "seed=1", f"out_dir={other}", "progress=false", "workers=1"))
+    reader_set(other, tmp_path / "tr")
+    reader_set(other, tmp_path / "va")
+    res = train(OmegaConf.to_container(cfg("train", *READER, "logger=csv", "trainer=cpu", "trainer.max_steps=2",
+                                           "trainer.enable_progress_bar=false", "task.compare_baselines=false",
+                                           f"data.train_dir={tmp_path / 'tr'}", f"data.val_dir={tmp_path / 'va'}",
+                                           f"run_dir={tmp_path / 'run'}"), resolve=True))
+    export(res["run_dir"], tmp_path / "outputs" / "bundles" / "reader", log_artifact=False)
+    monkeypatch.chdir(tmp_path)  # the rows name outputs/bundles/reader, relative to where the table runs
+    t = load("reader")
+    out = run_table("reader", [*t["smoke"], f"data_dir={smoke_data}"], tmp_path / "table")
+    assert [r["row"] for r in out["rows"]] == list(t["rows"])
+    tuned = [r for r in out["rows"] if r["row"].startswith("tuned reader")]
+    assert tuned and all(isinstance(r["accuracy"], float) for r in out["rows"])
 
 
 # ---------------------------------------------------------------------- tutorials at smoke size

@@ -4,9 +4,11 @@
 import filecmp
 import json
 import re
+import shlex
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -180,3 +182,106 @@ def test_one_override_sends_a_pipeline_training_stage_to_slurm(slurm_cluster, en
     m = json.loads((out / "train_extractor" / "run" / "final" / "metrics.json").read_text())
     assert m["slurm"]["job_id"] and m["global_step"] == 2
     assert (out / "bundles" / "extractor" / "manifest.json").exists() and (out / "report" / "report.md").exists()
+
+
+# ---------------------------------------------------------------------- the tutorial's commands at smoke size
+TUTORIAL = REPO_ROOT / "docs" / "tutorials" / "slurm.md"
+SITE_OPTIONS = ("--partition", "--account", "--nodes", "--gpus-per-node", "--cpus-per-task", "--mem", "--time")
+# a GPU experiment on this GPU-less node: the same experiment, a tiny model on the CPU, two steps of smoke data
+CPU_STANDIN = ["model=tiny_decoder", "trainer.accelerator=cpu", "trainer.precision=32-true", "trainer.max_steps=2",
+               "task.gen_examples=0", "trainer.enable_progress_bar=false"]
+
+
+def tutorial_commands() -> list[list[str]]:
+    text = TUTORIAL.read_text()
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            argv = shlex.split(line, comments=True)
+            if argv:
+                out.append(argv)
+    return out
+
+
+def local_site(opts: list[str]) -> tuple[list[str], int]:
+    """The tutorial's sbatch options with the site's (partition, account, nodes, GPUs, CPUs, memory, time)
+    replaced by this one-node cluster's; tasks per node capped at 2 (the node's CPUs). Returns (options, tasks)."""
+    out, tasks, i = [], 1, 0
+    while i < len(opts):
+        o = opts[i]
+        if o in ("-p", "-A"):
+            i += 2
+            continue
+        name, _, value = o.partition("=")
+        if name == "--ntasks-per-node":
+            tasks = min(int(value), 2)
+        elif name not in SITE_OPTIONS:
+            out.append(o)
+        i += 1
+    return [*LOCAL, "--nodes=1", f"--ntasks-per-node={tasks}", *out], tasks
+
+
+def test_every_command_of_the_slurm_tutorial_runs_on_the_local_cluster(slurm_cluster, env, smoke_data, tmp_path):
+    """Each command of docs/tutorials/slurm.md, submitted to the loopback cluster as written, except: the
+    site options become this node's (one node, at most 2 tasks, no GPUs), data is the smoke set, and a GPU
+    experiment runs its own config on a tiny CPU model (DDP over the same tasks where it asks for FSDP, which
+    needs an accelerator). Every job must complete."""
+    from hydra import compose, initialize_config_dir
+
+    from arbor_train.paths import CONF_DIR
+
+    cmds = tutorial_commands()
+    kinds = Counter()
+    for k, argv in enumerate(cmds):
+        if argv[0] == "sbatch":
+            at = next(i for i, a in enumerate(argv) if a.endswith(".sbatch"))
+            script, overrides = argv[at], argv[at + 1:]
+            opts, tasks = local_site(argv[1:at])
+            log = f"--output={env['ARBOR_OUTPUT_ROOT']}/tut{k}-%j.out"
+            if script == "slurm/train.sbatch":
+                with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+                    c = compose(config_name="train", overrides=overrides)
+                extra = [*CPU_STANDIN, f"data.train_dir={smoke_data}", "data.val_dir=null"]
+                if "fsdp" in str(c.trainer.strategy) and not any(o.startswith("trainer=") for o in overrides):
+                    extra.append("trainer=ddp")
+                overrides = [o for o in overrides if not o.startswith("model.ref=")] + extra
+            elif script == "slurm/eval.sbatch":
+                overrides = [*overrides, f"data_dir={smoke_data}", "max_sessions=1", "wandb.enabled=false"]
+            job = sbatch(env, *opts, log, script, *overrides)
+            finished(slurm_cluster, env, job, f"tut{k}")
+            kinds[script] += 1
+            if script == "slurm/train.sbatch":
+                run = Path(env["ARBOR_OUTPUT_ROOT"]) / "runs" / "train" / f"slurm-{job}" / "final" / "metrics.json"
+                assert json.loads(run.read_text())["world_size"] == tasks, argv
+        elif argv[:2] == ["bash", "slurm/generate.sh"]:
+            sep = argv.index("--")
+            opts, _ = local_site(argv[sep + 1:])
+            over = ["preset=smoke" if a.startswith("preset=") else a for a in argv[4:sep]]
+            out = tmp_path / f"gen{k}"
+            res = subprocess.run(["bash", "slurm/generate.sh", str(out), "2", *over, "--", *opts,
+                                  f"--output={env['ARBOR_OUTPUT_ROOT']}/tut{k}-%j.out"],
+                                 cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+            assert res.returncode == 0, res.stderr
+            merge = int(re.search(r"-> merge (\d+)", res.stdout).group(1))
+            finished(slurm_cluster, env, merge, f"tut{k}")
+            assert (out / "stats.json").exists()
+            kinds["generate.sh"] += 1
+        elif argv[:4] == ["python", "-m", "eval.run", "-m"]:
+            over = ["hydra.launcher.partition=debug" if a.startswith("hydra.launcher.partition=") else a
+                    for a in argv[4:]]
+            sweep = tmp_path / f"sweep{k}"
+            res = subprocess.run([sys.executable, "-m", "eval.run", "-m", *over, "hydra.launcher.cpus_per_task=1",
+                                  "hydra.launcher.timeout_min=15", f"hydra.sweep.dir={sweep}", f"data_dir={smoke_data}",
+                                  "max_sessions=1", "wandb.enabled=false"],
+                                 cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1200)
+            assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+            points = 1
+            for a in argv[4:]:
+                if "=" in a and "," in a.split("=", 1)[1] and not a.startswith("hydra"):
+                    points *= len(a.split("=", 1)[1].split(","))
+            assert len(list(sweep.glob("*/results.json"))) == points
+            kinds["eval.run -m"] += 1
+        else:
+            raise AssertionError(f"docs/tutorials/slurm.md: a command this test does not know how to run: {argv}")
+    assert kinds["slurm/train.sbatch"] >= 3 and kinds["slurm/eval.sbatch"] and kinds["generate.sh"] \
+        and kinds["eval.run -m"], kinds
