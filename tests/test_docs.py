@@ -110,6 +110,12 @@ def test_every_table_config_runs_at_smoke_size_somewhere_in_the_suite():
     assert sorted(table_names()) == sorted([*EVAL_TABLES, *MODULE_TABLES, *BUNDLE_TABLES, *OWN_TESTS])
 
 
+def test_the_reproduce_tutorial_lists_every_table_config():
+    text = (REPO_ROOT / "docs" / "tutorials" / "reproduce_a_table.md").read_text()
+    listed = re.findall(r"^\| `(\w+)` \|", text, re.M)
+    assert sorted(listed) == sorted(table_names())
+
+
 def smoke_params(names):
     return [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_TABLES else n for n in table_names() if n in names]
 
