@@ -19,8 +19,9 @@ at that moment, and a routing row records them with the gold parent.
 
 `heldout` > 0 keeps that share of the conversations (drawn with `seed`) in `out_dir/heldout`, the rest in
 `out_dir/train`; a file with one conversation is split by time instead (its last turns are held out, read
-against the forest of all earlier turns). The BranchMemEval and Ubuntu IRC miners replay through the same
-`replay_routing` (data_gen/branchmem/mine.py for candidates; data_gen/irc.py for IRC files).
+against the forest of all earlier turns). Every miner replays through the same online replay
+(data_gen/replay.py: `Replay`, and `replay_routing` for routing rows from gold or weak labels): this one,
+Ubuntu IRC (data_gen/irc.py), LoCoMo (data_gen/locomo.py) and BranchMemEval plans (data_gen/branchmem/mine.py).
 """
 
 from __future__ import annotations
@@ -35,71 +36,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from arbor_train.errors import ConfigError, OutputExistsError, entry_point, parse_bool, parse_float, parse_int
 from arbor_train.paths import CONF_DIR
-
-RULE_ROUTES = ("temporal_return",)
-
-
-def replay_routing(conv_id: str, turns: list[dict], runtime_cfg: dict, comps: dict, counts: Counter,
-                   teacher_forcing: float = 1.0, seed: int = 0, label_rule: str = "gold_link",
-                   weak_min_confidence: float | None = None, rows_from: int = 0) -> list[dict]:
-    """Routing rows of one conversation replayed through the runtime.
-
-    `turns`: dicts with `turn` (the number rows record), user, assistant, timestamp, speaker and `parents`
-    (the gold parents' turn numbers, an empty tuple for a new thread, or None: not labelled). With
-    `weak_min_confidence` set, turns are labelled by the runtime's rules instead (module docstring).
-    Only turns at position `rows_from` or later get rows (earlier ones are context)."""
-    from arbor_train.runtime import ArborMemory, Localization
-    from data_gen.branchmem.mine import candidate_row, gold_candidate
-
-    rng = random.Random(zlib.crc32(f"{seed}:{conv_id}".encode()))  # the same draws for a conversation every run
-    mem = ArborMemory.open(":memory:", conv_id, runtime_cfg, components=comps)
-    node_of: dict[int, int] = {}
-    turn_of: dict[int, int] = {}
-    rows = []
-    try:
-        for pos, t in enumerate(turns):
-            n = t["turn"]
-            loc = mem.localize(t["user"], speaker=t.get("speaker"), timestamp=t.get("timestamp"))
-            chosen = turn_of.get(loc.parent_id) if loc.parent_id is not None else None
-            cands = [candidate_row(c, turn_of) for c in loc.candidates]
-            row = {"session_id": conv_id, "turn": n, "input": t["user"], "timestamp": t.get("timestamp"),
-                   "candidates": cands, "runtime_choice": -1 if chosen is None else chosen, "route": loc.route}
-            if weak_min_confidence is not None:
-                sure = loc.route in RULE_ROUTES or (loc.route == "rerank" and loc.confidence is not None
-                                                    and loc.confidence >= weak_min_confidence)
-                if sure and pos >= rows_from and (chosen is None or any(c["turn"] == chosen for c in cands)):
-                    gold = -1 if chosen is None else chosen
-                    rows.append(dict(row, gold_parent=gold, gold_states=[gold], gold_recalled=True,
-                                     label_rule=f"runtime_{loc.route}"))
-                    counts["messages"] += 1
-                    counts["new_conversation"] += gold == -1
-                    counts["gold_recalled"] += 1
-                elif pos >= rows_from:
-                    counts["unsure"] += 1
-            elif t.get("parents") is not None and pos >= rows_from:
-                parents = sorted(p for p in t["parents"] if p != n and p in node_of)
-                gold = parents[0] if parents else -1
-                have = {c["turn"] for c in cands}
-                for p in parents:
-                    if p not in have:
-                        cands.append(gold_candidate(mem, node_of[p], turn_of, t.get("timestamp")))
-                rows.append(dict(row, gold_parent=gold, gold_states=parents or [-1], label_rule=label_rule,
-                                 gold_recalled=gold == -1 or any(c["turn"] == gold and c["recalled"] for c in cands)))
-                counts["messages"] += 1
-                counts["new_conversation"] += gold == -1
-                counts["multi_parent"] += len(parents) > 1
-                counts["gold_recalled"] += rows[-1]["gold_recalled"]
-                if teacher_forcing < 1.0 and rng.random() >= teacher_forcing:  # keep the runtime's own route
-                    counts["runtime_placed"] += 1
-                    counts["runtime_placed_right"] += rows[-1]["runtime_choice"] in rows[-1]["gold_states"]
-                else:
-                    loc = Localization(node_of[gold], "gold", 1.0) if gold != -1 else Localization(None, "gold", 1.0)
-            node = mem.commit(t["user"], t.get("assistant") or "", loc, t.get("timestamp"), speaker=t.get("speaker"))
-            node_of[n], turn_of[node.id] = node.id, n
-    finally:
-        mem.store.close()
-    return rows
-
 
 def replay_options(cfg: DictConfig) -> tuple[float, int]:
     """`teacher_forcing` (the share of labelled turns committed at their gold parent, in [0, 1]) and `seed`,
@@ -176,6 +112,7 @@ def _run(cfg: DictConfig) -> dict:
     from arbor_train.runtime import build_components
     from arbor_train.runtime.config import label as runtime_label
     from arbor_train.runtime.config import runtime_config
+    from data_gen.replay import replay_routing
 
     if OmegaConf.is_missing(cfg, "input") or not cfg.input:
         raise ConfigError("option input (a conversation file: docs/reference/conversation_files.md) is required")

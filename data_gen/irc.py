@@ -54,7 +54,7 @@ def routing_rows(f, runtime_cfg: dict, comps: dict, counts: Counter, teacher_for
                  seed: int = 0) -> list[dict]:
     """The file's annotated messages as routing rows: the generic replay (data_gen/conversations.py) over its
     non-system lines, each turn numbered by its line, the annotation's links as gold parents."""
-    from data_gen.conversations import replay_routing
+    from data_gen.replay import replay_routing
 
     turns = [{"turn": m.line, "user": message_text(m), "assistant": "", "timestamp": m.time, "speaker": m.speaker,
               "parents": tuple(f.parents[m.line]) if m.line in f.parents else None}

@@ -111,8 +111,8 @@ def convert(convs, runtime_cfg: dict, categories: list[int], rules: list[str], p
     from tqdm import tqdm
 
     from arbor_train.conversations.schema import interactions
-    from arbor_train.runtime import ArborMemory, Localization, build_components
-    from data_gen.branchmem.mine import candidate_row, gold_candidate
+    from arbor_train.runtime import build_components
+    from data_gen.replay import replay_routing
 
     rows: dict[str, list[dict]] = {k: [] for k in ("conversations", "extraction", "events", "summaries",
                                                    "localization", "routing", "qa")}
@@ -143,42 +143,29 @@ def convert(convs, runtime_cfg: dict, categories: list[int], rules: list[str], p
                 rows["summaries"].append({"session_id": s.session_id, "turn": idx_of[s.turns[-1].turn_id] if s.turns else -1,
                                           "input": transcript, "timestamp": s.date_time, "assistant": "",
                                           "summary": summary})
-        # routing: replay through the runtime, committing under the weak label where there is one
+        # routing: replay through the runtime, committing under the weak label where there is one; then
+        # question localization over the finished memory
         labels, counts = weak_labels(conv, inters, rules)
         label_counts.update(counts)
-        mem = ArborMemory.open(":memory:", cid, runtime_cfg, components=comps)
-        node_of: dict[int, int] = {}
-        turn_of: dict[int, int] = {}
-        for i, it in enumerate(inters):
-            loc = mem.localize(it.user)
-            if i in labels:
-                parent, rule = labels[i]
-                cands = [candidate_row(c, turn_of) for c in loc.candidates]
-                if all(c["turn"] != parent for c in cands):
-                    cands.append(gold_candidate(mem, node_of[parent], turn_of))
-                chosen = turn_of.get(loc.parent_id) if loc.parent_id is not None else None
-                rows["routing"].append({
-                    "session_id": cid, "turn": i, "input": it.user, "timestamp": it.timestamp, "candidates": cands,
-                    "gold_parent": parent, "gold_states": [parent], "runtime_choice": -1 if chosen is None else chosen, "route": loc.route,
-                    "gold_recalled": any(c["turn"] == parent and c["recalled"] for c in cands), "label_rule": rule})
-                loc = Localization(node_of[parent], "weak_label", 1.0)
-            node = mem.commit(it.user, it.assistant, loc, it.timestamp)
-            node_of[i], turn_of[node.id] = node.id, i
-        # question localization over the finished memory
-        for q in conv.questions:
-            if int(q.category) not in categories:
-                continue
-            gold = sorted({idx_of[e] for e in q.evidence if e in idx_of})
-            loc = mem.localize(q.question, for_question=True)
-            cands = [candidate_row(c, turn_of, question=True) for c in loc.candidates]
-            recall["questions"] += 1
-            recall["evidence_in_candidates"] += any(c["turn"] in gold for c in cands)
-            rows["localization"].append({
-                "session_id": cid, "turn": len(inters), "input": q.question, "timestamp": None, "candidates": cands,
-                "gold_states": gold, "gold_tip": None, "runtime_choice": turn_of.get(loc.parent_id, -1),
-                "question_type": q.category, "dimension": q.extra["category_name"], "gold": q.answer or "",
-                "confounder": None, "confounder_states": []})
-        mem.store.close()
+        turns = [{"turn": i, "user": it.user, "assistant": it.assistant, "timestamp": it.timestamp,
+                  "parents": (labels[i][0],) if i in labels else None, "label_rule": labels[i][1] if i in labels else None}
+                 for i, it in enumerate(inters)]
+
+        def questions(rp, conv=conv, idx_of=idx_of, n=len(inters)):
+            for q in conv.questions:
+                if int(q.category) not in categories:
+                    continue
+                gold = sorted({idx_of[e] for e in q.evidence if e in idx_of})
+                loc, cands = rp.localize_question(q.question)
+                recall["questions"] += 1
+                recall["evidence_in_candidates"] += any(c["turn"] in gold for c in cands)
+                rows["localization"].append({
+                    "session_id": cid, "turn": n, "input": q.question, "timestamp": None, "candidates": cands,
+                    "gold_states": gold, "gold_tip": None, "runtime_choice": rp.turn_of.get(loc.parent_id, -1),
+                    "question_type": q.category, "dimension": q.extra["category_name"], "gold": q.answer or "",
+                    "confounder": None, "confounder_states": []})
+
+        rows["routing"] += replay_routing(cid, turns, runtime_cfg, comps, Counter(), route="weak_label", finish=questions)
         for q in conv.questions:
             if int(q.category) in categories:
                 rows["qa"].append({"conversation_id": cid, "question_id": q.question_id, "question": q.question,

@@ -98,7 +98,8 @@ def test_a_table_refuses_to_start_without_its_inputs_and_names_the_commands(tmp_
 # how each table config is run at smoke size by this suite (a new table config must join one of these)
 EVAL_TABLES = ("formal_methods", "formal_ablations", "policies_formal", "policies_locomo")
 MODULE_TABLES = ("forgetting", "scale", "bench_runtime")
-BUNDLE_TABLES = ("specificity", "irc_dev", "formal_tuned", "specificity_margin", "specificity_answers")
+BUNDLE_TABLES = ("specificity", "irc_dev", "formal_tuned", "specificity_margin", "specificity_answers",
+                 "formal_locomo_router")
 OWN_TESTS = {"main_job": "tests/test_pipeline.py", "locomo_cv": "tests/test_locomo_cv.py",
              "own_conversations": "test_every_tutorial_command_runs_at_smoke_size",
              "reader": "test_the_reader_table_runs_at_smoke_size_on_a_tiny_reader"}
@@ -107,6 +108,12 @@ SLOW_TABLES = ("policies_locomo", "irc_dev", "specificity", "specificity_answers
 
 def test_every_table_config_runs_at_smoke_size_somewhere_in_the_suite():
     assert sorted(table_names()) == sorted([*EVAL_TABLES, *MODULE_TABLES, *BUNDLE_TABLES, *OWN_TESTS])
+
+
+def test_the_reproduce_tutorial_lists_every_table_config():
+    text = (REPO_ROOT / "docs" / "tutorials" / "reproduce_a_table.md").read_text()
+    listed = re.findall(r"^\| `(\w+)` \|", text, re.M)
+    assert sorted(listed) == sorted(table_names())
 
 
 def smoke_params(names):

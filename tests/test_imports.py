@@ -1,6 +1,7 @@
 """The packages' import graph: no cycles between modules, no private names imported across modules."""
 
 import ast
+import re
 from pathlib import Path
 
 from arbor_train.paths import REPO_ROOT
@@ -63,3 +64,27 @@ def test_no_private_name_is_imported_from_another_module():
     bad = [f"{m} imports {n} from {dep}" for m, p in known.items() for dep, names in imports(m, p, known)
            for n in names if n.startswith("_") and not n.startswith("__") and dep != m]
     assert not bad, "\n".join(bad)
+
+
+SQL = re.compile(r"""(?:f?["'])\s*(?:SELECT|INSERT|UPDATE|DELETE|CREATE|WITH RECURSIVE)\b""")
+# the modules that may hold SQL, each with its own database: the memory file's statements all live in the
+# store module; the others are separate SQLite files or in-memory indexes, never the memory file
+OWN_DATABASES = {
+    "arbor_train/runtime/store.py": "the memory file (every statement on it, forgetting's included)",
+    "arbor_train/runtime/kvcache.py": "the extraction cache (a key-value file of its own)",
+    "eval/answers.py": "the answer cache (a key-value file of its own, with its source index)",
+    "arbor_train/replay/methods.py": "the BM25 baseline's in-memory FTS5 index",
+}
+
+
+def test_sql_on_the_memory_file_stays_inside_the_store_module():
+    """No module but the store's writes SQL against the memory (forget.py decides what goes; the Store
+    runs it), and the other modules holding SQL each own a separate database."""
+    found = sorted(str(p.relative_to(REPO_ROOT)) for p in modules().values() if SQL.search(p.read_text()))
+    assert found == sorted(OWN_DATABASES), f"SQL outside its owners: {sorted(set(found) - set(OWN_DATABASES))}"
+    for f in found:
+        if f != "arbor_train/runtime/store.py":
+            assert not re.search(r"\b(?:store|st)\.db\b", (REPO_ROOT / f).read_text()), f
+    for p in modules().values():
+        if p.name != "store.py":
+            assert not re.search(r"\b(?:store|st)\.db\.execute", p.read_text()), p

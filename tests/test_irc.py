@@ -175,7 +175,7 @@ def test_group_chat_recall_offers_the_addressed_speakers_latest_message_and_a_re
 def test_group_chat_candidates_tell_the_reranker_who_wrote_them_and_how_long_ago(tmp_path):
     from arbor_train.data import candidate_text
     from arbor_train.runtime import ArborMemory, default_config
-    from data_gen.branchmem.mine import candidate_row
+    from data_gen.replay import candidate_row
 
     mem = ArborMemory.open(tmp_path / "m.sqlite", "chan", default_config("runtime/domain=group_chat"))
     for who, text, ts in [("alice", "how do I mount a usb disk", "23:58"), ("bob", "sound is broken", "23:59"),

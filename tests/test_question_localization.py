@@ -183,7 +183,8 @@ def test_the_hybrid_baseline_fuses_bm25_and_dense_ranks_and_forgets_from_both():
         for i, (u, a) in enumerate(TURNS):
             m.observe(i, u, a, None, False)
     bm25, dense, hybrid = methods
-    q = "Bob's venue hotel"
+    assert hybrid.bm25.turns is hybrid.turns is hybrid.dense.turns and len(hybrid.turns) == len(TURNS)  # one copy
+    assert len(hybrid.dense.vecs) == len(TURNS) and hybrid.bm25.ranked(q := "Bob's venue hotel") == bm25.ranked(q)
     kw, dn = bm25.ranked(q), dense.ranked(q)
     fused = {}
     for ranks in (kw, dn):

@@ -254,8 +254,11 @@ class BM25Method(_TurnStore):
 
     def observe(self, turn, user, assistant, ts, is_question, speaker=None) -> Observation:
         out = super().observe(turn, user, assistant, ts, is_question)
-        self.db.execute("INSERT INTO t(rowid, lex) VALUES(?, ?)", (len(self.turns) - 1, f"{user} {assistant}"))
+        self._index(len(self.turns) - 1, user, assistant)
         return out
+
+    def _index(self, i: int, user: str, assistant: str) -> None:
+        self.db.execute("INSERT INTO t(rowid, lex) VALUES(?, ?)", (i, f"{user} {assistant}"))
 
     def ranked(self, question: str, k: int = 200) -> list[int]:
         """Positions of the stored turns, best BM25 first (at most k)."""
@@ -283,8 +286,12 @@ class DenseMethod(_TurnStore):
 
     def observe(self, turn, user, assistant, ts, is_question, speaker=None) -> Observation:
         out = super().observe(turn, user, assistant, ts, is_question)
-        self.vecs.append(self.embedder.encode([f"{user}\n{assistant}"])[0])
+        self._index(len(self.turns) - 1, user, assistant)
         return out
+
+    def _index(self, i: int, user: str, assistant: str) -> None:
+        assert i == len(self.vecs)  # positions are the turns' order
+        self.vecs.append(self.embedder.encode([f"{user}\n{assistant}"])[0])
 
     def _drop(self, i: int) -> None:
         self.vecs[i] = np.zeros_like(self.vecs[i])
@@ -310,16 +317,18 @@ class HybridMethod(_TurnStore):
                  resolve_dates: bool = False):
         super().__init__(counter, resolve_dates)
         self.bm25, self.dense = BM25Method(counter, prefilter), DenseMethod(counter, embedder, prefilter)
+        for m in (self.bm25, self.dense):  # one list of turns and one forgotten set; each keeps only its index
+            m.turns, m.forgotten = self.turns, self.forgotten
         self.prefilter, self.rrf_k, self.k = prefilter, rrf_k, k
 
     def observe(self, turn, user, assistant, ts, is_question, speaker=None) -> Observation:
-        super().observe(turn, user, assistant, ts, is_question)
-        self.bm25.observe(turn, user, assistant, ts, is_question)
-        return self.dense.observe(turn, user, assistant, ts, is_question)
+        out = super().observe(turn, user, assistant, ts, is_question)
+        for m in (self.bm25, self.dense):
+            m._index(len(self.turns) - 1, user, assistant)
+        return out
 
     def _drop(self, i: int) -> None:
         for m in (self.bm25, self.dense):
-            m.forgotten.add(i)
             m._drop(i)
 
     def read(self, question, now, budget) -> ReadResult:

@@ -46,14 +46,14 @@ import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from ..errors import InputError
-from .store import DERIVED_TABLES, FTS_SECURE_DELETE, FTS_TABLES, conv_token
+from .store import DERIVED_TABLES
 
-# `mem` below is an ArborMemory (memory.py calls in here; importing it back would be a cycle)
-
-CHUNK = 500  # ids per IN (...) query
+# `mem` below is an ArborMemory (memory.py calls in here; importing it back would be a cycle). Every SQL
+# statement the cascade runs is a Store method (store.py, "erasure"): this module decides what goes, and in
+# which order.
 
 
 class NothingMatches(InputError):
@@ -97,12 +97,6 @@ class ForgetReport:
         return f"{head} " + "; ".join(parts)
 
 
-def _chunks(ids: Iterable[int]) -> Iterable[list[int]]:
-    ids = list(ids)
-    for i in range(0, len(ids), CHUNK):
-        yield ids[i : i + CHUNK]
-
-
 def _mentions(entity: str):
     words = entity.split()
     if not words:
@@ -130,21 +124,15 @@ def select(mem: "ArborMemory", nodes: list[int] | None = None, branch: int | Non
         chosen |= st.subtree(top.id)
     if entity is not None:
         rx, phrase = _mentions(str(entity))
-        tok = conv_token(conv)
-        for (nid,) in st.db.execute("SELECT rowid FROM node_fts WHERE node_fts MATCH ?",
-                                    (f"conv:{tok} AND lex:{phrase}",)).fetchall():
-            n = st.get_node(int(nid))
+        for nid in st.nodes_matching(conv, phrase):
+            n = st.get_node(nid)
             text = " ".join([n.user_text, n.assistant_text, *n.entities, *n.keywords])
             if rx.search(text):
                 chosen.add(n.id)
         for table in DERIVED_TABLES:
-            fts = FTS_TABLES_FOR[table]
-            for (iid,) in st.db.execute(f"SELECT rowid FROM {fts} WHERE {fts} MATCH ?",
-                                        (f"conv:{tok} AND lex:{phrase}",)).fetchall():
-                row = st.db.execute(f"SELECT * FROM {table} WHERE id=?", (iid,)).fetchone()
-                if row is not None and rx.search(json.dumps([v for v in row if isinstance(v, str)],
-                                                            ensure_ascii=False)):
-                    forced[table].add(int(iid))
+            for iid, row in st.items_matching(conv, table, phrase):
+                if rx.search(json.dumps([v for v in row if isinstance(v, str)], ensure_ascii=False)):
+                    forced[table].add(iid)
     if question is not None:
         _, ctx = mem.read(str(question))
         matches = question_match(str(question), float(mem.cfg["forget"]["question_min_share"]))
@@ -167,9 +155,6 @@ def question_match(question: str, min_share: float):
         return any(rx.search(body) for rx in names)
 
     return matches
-
-
-FTS_TABLES_FOR = {base: fts for fts, base in FTS_TABLES.items() if fts != "node_fts" and fts != "root_fts"}
 
 
 # ---------------------------------------------------------------------- the cascade
@@ -220,39 +205,29 @@ def forget(mem: "ArborMemory", nodes: list[int] | None = None, branch: int | Non
 
 
 def _cascade(mem: "ArborMemory", chosen: set[int], forced: dict[str, set[int]], counts: Counter) -> None:
-    st, db, conv = mem.store, mem.store.db, mem.conv
+    st, conv = mem.store, mem.conv
     gone = sorted(chosen)
-    rows: dict[int, tuple] = {}
-    for chunk in _chunks(gone):
-        for r in db.execute(f"SELECT id, parent_id, root_id, seq, turn_key FROM nodes WHERE id IN "
-                            f"({','.join('?' * len(chunk))})", chunk):
-            rows[int(r[0])] = r
+    rows = st.node_rows(gone)
     counts["nodes"] = len(rows)
 
     # 1. derived items
     for table in DERIVED_TABLES:
-        items: set[int] = set(forced.get(table, ()))
-        for chunk in _chunks(gone):
-            items |= {int(r[0]) for r in db.execute(
-                f"SELECT item_id FROM provenance WHERE kind=? AND node_id IN ({','.join('?' * len(chunk))})",
-                (table, *chunk))}
+        items = set(forced.get(table, ())) | st.items_citing(table, gone)
         for iid in sorted(items):
-            r = db.execute(f"SELECT sources, timestamps FROM {table} WHERE id=?", (iid,)).fetchone()
-            if r is None:
+            found = st.item_sources(table, iid)
+            if found is None:
                 continue
-            sources, stamps = json.loads(r[0]), json.loads(r[1])
+            sources, stamps = found
             keep = [(s, t) for s, t in zip(sources, stamps) if s not in chosen]
             if not keep or iid in forced.get(table, ()):
-                _delete_item(st, table, iid, sources, counts)
+                if st.delete_item(table, iid, sources):
+                    counts["revisions_relinked"] += 1
                 counts[f"{table}_deleted"] += 1
             else:
-                sets = {"sources": json.dumps([s for s, _ in keep]), "timestamps": json.dumps([t for _, t in keep])}
-                if table == "records" and sources[0] in chosen:
-                    sets["evidence"] = ""  # quoted from the forgotten turn
-                db.execute(f"UPDATE {table} SET {', '.join(f'{k}=?' for k in sets)} WHERE id=?", (*sets.values(), iid))
+                st.trim_item_sources(table, iid, [s for s, _ in keep], [t for _, t in keep],
+                                     clear_evidence=table == "records" and sources[0] in chosen)
                 counts[f"{table}_trimmed"] += 1
-    for chunk in _chunks(gone):
-        db.execute(f"DELETE FROM provenance WHERE node_id IN ({','.join('?' * len(chunk))})", chunk)
+    st.drop_provenance(gone)
 
     # 2. the forest: re-attach surviving children, then delete the nodes
     def surviving_ancestor(nid: int) -> int | None:
@@ -261,31 +236,12 @@ def _cascade(mem: "ArborMemory", chosen: set[int], forced: dict[str, set[int]], 
             p = rows[p][1]
         return p
 
-    children: list[tuple[int, int | None]] = []
-    for chunk in _chunks(gone):
-        for cid, pid in db.execute(f"SELECT id, parent_id FROM nodes WHERE parent_id IN "
-                                   f"({','.join('?' * len(chunk))}) ORDER BY seq", chunk):
-            if int(cid) not in chosen:
-                children.append((int(cid), surviving_ancestor(int(pid))))
+    children = [(cid, surviving_ancestor(pid)) for cid, pid in st.children_of(gone) if cid not in chosen]
     for cid, pid in children:  # detach first: the foreign key must not point at a deleted row
-        db.execute("UPDATE nodes SET parent_id=? WHERE id=?", (pid, cid))
-        # a secondary link to the new parent says nothing the forest does not (links to and from the
-        # deleted nodes go with them: ON DELETE CASCADE)
-        db.execute("DELETE FROM links WHERE node_id=? AND target_id IS ?", (cid, pid))
+        st.reparent(cid, pid)  # (links to and from the deleted nodes go with them: ON DELETE CASCADE)
     old_roots = {int(rows[n][2]) for n in rows}
     forgotten_roots = {n for n in rows if rows[n][1] is None}
-    for chunk in _chunks(sorted(rows, key=lambda n: -rows[n][3])):  # newest first: children before parents
-        q = ",".join("?" * len(chunk))
-        db.execute(f"DELETE FROM node_fts WHERE rowid IN ({q})", chunk)
-        db.execute(f"DELETE FROM root_fts WHERE rowid IN ({q})", chunk)
-        db.execute(f"DELETE FROM forked_roots WHERE root_id IN ({q})", chunk)
-        db.execute(f"DELETE FROM nodes WHERE id IN ({q})", chunk)
-    keys = [(conv, rows[n][4]) for n in rows if rows[n][4] is not None]
-    db.executemany("INSERT OR IGNORE INTO forgotten_turns VALUES(?,?)", keys)
-    db.executemany("INSERT OR IGNORE INTO index_tombstones VALUES(?,?)", [(conv, n) for n in rows])
-    if rows:
-        floor = max(int(st.get_meta("node_id_floor") or 0), max(rows))
-        st.set_meta("node_id_floor", str(floor))
+    st.delete_nodes(conv, rows)
 
     new_roots: set[int] = set()
     touched_roots = old_roots - forgotten_roots
@@ -295,47 +251,18 @@ def _cascade(mem: "ArborMemory", chosen: set[int], forced: dict[str, set[int]], 
         counts["nodes_reattached"] += 1
         if pid is None:
             new_roots.add(cid)
-        elif db.execute("SELECT COUNT(*) FROM nodes WHERE parent_id=?", (pid,)).fetchone()[0] > 1:
-            db.execute("INSERT OR IGNORE INTO forked_roots SELECT root_id FROM nodes WHERE id=?", (pid,))
+        elif len(st.child_ids(pid)) > 1:
+            st.mark_forked(st.get_node(pid).root_id)
         if cid not in rebuilt:
             counts["nodes_moved"] += _rebuild_subtree(mem, cid, pid, rebuilt)
     if children:
-        counts["nodes_depth_fixed"] = _fix_depths(db, [c for c, _ in children])
+        counts["nodes_depth_fixed"] = st.fix_depths([c for c, _ in children])
     counts["new_roots"] = len(new_roots)
 
-    # items that named a forgotten root as theirs follow their first surviving source
-    for table in DERIVED_TABLES:
-        for root in sorted(forgotten_roots):
-            for iid, sources in db.execute(f"SELECT id, sources FROM {table} WHERE root_id=?", (root,)).fetchall():
-                new = db.execute("SELECT root_id FROM nodes WHERE id=?", (json.loads(sources)[0],)).fetchone()
-                db.execute(f"UPDATE {table} SET root_id=? WHERE id=?", (new[0], iid))
-
+    st.reroot_items(forgotten_roots)  # items that named a forgotten root follow their first surviving source
     for root in sorted(touched_roots | new_roots):
         mem.rebuild_anchor(root)
-    if not FTS_SECURE_DELETE:  # an old SQLite keeps deleted terms in the index until a merge
-        for fts in FTS_TABLES:
-            db.execute(f"INSERT INTO {fts}({fts}) VALUES('optimize')")
-
-
-def _delete_item(st, table: str, iid: int, sources: list[int], counts: Counter) -> None:
-    db = st.db
-    if table in ("records", "artifacts"):
-        sup, by = db.execute(f"SELECT supersedes, superseded_by FROM {table} WHERE id=?", (iid,)).fetchone()
-        if by is not None:
-            db.execute(f"UPDATE {table} SET supersedes=? WHERE id=?", (sup, by))
-        if sup is not None:
-            db.execute(f"UPDATE {table} SET superseded_by=? WHERE id=?", (by, sup))
-        if sup is not None or by is not None:
-            counts["revisions_relinked"] += 1
-        if table == "records":
-            head = db.execute("SELECT id FROM records WHERE chain_id=? AND id<>? ORDER BY seq, id LIMIT 1",
-                              (iid, iid)).fetchone()
-            if head is not None:
-                db.execute("UPDATE records SET chain_id=? WHERE chain_id=? AND id<>?", (head[0], iid, iid))
-    db.execute(f"DELETE FROM {FTS_TABLES_FOR[table]} WHERE rowid=?", (iid,))
-    db.executemany("DELETE FROM provenance WHERE node_id=? AND kind=? AND item_id=?",
-                   [(s, table, iid) for s in sources])
-    db.execute(f"DELETE FROM {table} WHERE id=?", (iid,))
+    st.purge_deleted_terms()
 
 
 def _rebuild_subtree(mem: "ArborMemory", top: int, parent_id: int | None, done: set[int]) -> int:
@@ -344,9 +271,9 @@ def _rebuild_subtree(mem: "ArborMemory", top: int, parent_id: int | None, done: 
 
     A path summary keeps only the newest part of a long trajectory, so a few nodes below the forgotten
     one the rebuilt path equals the stored one again: below that point nothing but the depth changes,
-    and `_fix_depths` sets every depth of the moved subtrees in one pass at the end.
+    and `Store.fix_depths` sets every depth of the moved subtrees in one pass at the end.
     """
-    st, db = mem.store, mem.store.db
+    st = mem.store
     todo = [(top, parent_id)]
     rewritten = 0
     while todo:
@@ -360,38 +287,13 @@ def _rebuild_subtree(mem: "ArborMemory", top: int, parent_id: int | None, done: 
             p = st.get_node(pid)
             fields = {"parent_id": pid, "root_id": p.root_id, "depth": p.depth + 1, "topic_key": p.topic_key,
                       "path_summary": mem.roll_path(p.path_summary, n.node_summary)}
-        db.execute(f"UPDATE nodes SET {', '.join(f'{k}=?' for k in fields)} WHERE id=?", (*fields.values(), nid))
+        st.set_node_fields(nid, fields)
         rewritten += 1
         done.add(nid)
-        kids = [int(r[0]) for r in db.execute("SELECT id FROM nodes WHERE parent_id=? ORDER BY seq", (nid,))]
+        kids = st.child_ids(nid)
         if len(kids) > 1:
-            db.execute("INSERT OR IGNORE INTO forked_roots VALUES(?)", (fields["root_id"],))
+            st.mark_forked(fields["root_id"])
         same = (fields["root_id"], fields["topic_key"], fields["path_summary"]) == (n.root_id, n.topic_key, n.path_summary)
-        if not same:  # else the subtree below reads the same: only its depths change (_fix_depths)
+        if not same:  # else the subtree below reads the same: only its depths change (Store.fix_depths)
             todo.extend((k, nid) for k in kids)
     return rewritten
-
-
-def _fix_depths(db, tops: list[int]) -> int:
-    """Depth = parent's depth + 1 over the subtrees of the re-attached children, each node visited once
-    (nested subtrees are one pass, not one per forgotten ancestor); returns the rows changed."""
-    db.execute("CREATE TEMP TABLE IF NOT EXISTS forget_moved(id INTEGER PRIMARY KEY)")
-    db.execute("CREATE TEMP TABLE IF NOT EXISTS forget_depth(id INTEGER PRIMARY KEY, depth INTEGER NOT NULL)")
-    db.execute("DELETE FROM forget_moved")
-    db.execute("DELETE FROM forget_depth")
-    db.executemany("INSERT OR IGNORE INTO forget_moved VALUES(?)", [(t,) for t in tops])
-    db.execute("""INSERT OR IGNORE INTO forget_moved WITH RECURSIVE down(id) AS (SELECT id FROM forget_moved
-                  UNION SELECT c.id FROM nodes c JOIN down ON c.parent_id = down.id) SELECT id FROM down""")
-    db.execute("""INSERT INTO forget_depth WITH RECURSIVE d(id, depth) AS (
-                    SELECT n.id, COALESCE((SELECT p.depth + 1 FROM nodes p WHERE p.id = n.parent_id), 0)
-                    FROM forget_moved m JOIN nodes n ON n.id = m.id
-                    WHERE n.parent_id IS NULL OR n.parent_id NOT IN (SELECT id FROM forget_moved)
-                  UNION ALL SELECT c.id, d.depth + 1 FROM nodes c JOIN d ON c.parent_id = d.id)
-                  SELECT id, depth FROM d""")
-    cur = db.execute("""UPDATE nodes SET depth = (SELECT depth FROM forget_depth f WHERE f.id = nodes.id)
-                        WHERE id IN (SELECT id FROM forget_depth)
-                        AND depth <> (SELECT depth FROM forget_depth f WHERE f.id = nodes.id)""")
-    changed = cur.rowcount
-    db.execute("DELETE FROM forget_moved")
-    db.execute("DELETE FROM forget_depth")
-    return changed

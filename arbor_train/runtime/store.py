@@ -122,6 +122,7 @@ DATA_TABLES = ("meta", "nodes", "forked_roots", "facts", "records", "artifacts",
                "forgotten_turns", "index_tombstones", "links")
 # derived tables: every row lists its source nodes (JSON `sources`, mirrored in `provenance`)
 DERIVED_TABLES = ("facts", "records", "artifacts", "events")
+DERIVED_FTS = {base: fts for fts, base in FTS_TABLES.items() if base in DERIVED_TABLES}  # table -> its FTS5 table
 
 
 class MemoryBusy(UserError):
@@ -1205,3 +1206,172 @@ class Store:
                                            (conv,)).fetchone()[0])
         out["links"] = int(self.db.execute("SELECT COUNT(*) FROM links WHERE conversation_id=?", (conv,)).fetchone()[0])
         return out
+
+    # ------------------------------------------------------------------ erasure (runtime/forget.py decides what)
+    # The statements forgetting runs, each a step of the cascade that forget.py orders inside one transaction.
+    ERASE_CHUNK = 500  # ids per IN (...) query
+
+    @classmethod
+    def _erase_chunks(cls, ids) -> Iterator[list[int]]:
+        ids = list(ids)
+        for i in range(0, len(ids), cls.ERASE_CHUNK):
+            yield ids[i : i + cls.ERASE_CHUNK]
+
+    def nodes_matching(self, conv: str, phrase: str) -> list[int]:
+        """The conversation's nodes whose lexical index holds `phrase` (an FTS5 phrase query)."""
+        return [int(r[0]) for r in self.db.execute("SELECT rowid FROM node_fts WHERE node_fts MATCH ?",
+                                                   (f"conv:{conv_token(conv)} AND lex:{phrase}",))]
+
+    def items_matching(self, conv: str, table: str, phrase: str) -> list[tuple[int, tuple]]:
+        """(id, row) of the conversation's derived items of `table` whose lexical index holds `phrase`."""
+        fts = DERIVED_FTS[table]
+        out = []
+        for (iid,) in self.db.execute(f"SELECT rowid FROM {fts} WHERE {fts} MATCH ?",
+                                      (f"conv:{conv_token(conv)} AND lex:{phrase}",)).fetchall():
+            row = self.db.execute(f"SELECT * FROM {table} WHERE id=?", (iid,)).fetchone()
+            if row is not None:
+                out.append((int(iid), tuple(row)))
+        return out
+
+    def node_rows(self, ids) -> dict[int, tuple]:
+        """id -> (id, parent_id, root_id, seq, turn_key) of these nodes (those that exist)."""
+        out: dict[int, tuple] = {}
+        for chunk in self._erase_chunks(ids):
+            for r in self.db.execute(f"SELECT id, parent_id, root_id, seq, turn_key FROM nodes WHERE id IN "
+                                     f"({','.join('?' * len(chunk))})", chunk):
+                out[int(r[0])] = tuple(r)
+        return out
+
+    def items_citing(self, table: str, node_ids) -> set[int]:
+        """The derived items of `table` that cite any of these nodes (provenance)."""
+        out: set[int] = set()
+        for chunk in self._erase_chunks(node_ids):
+            out |= {int(r[0]) for r in self.db.execute(
+                f"SELECT item_id FROM provenance WHERE kind=? AND node_id IN ({','.join('?' * len(chunk))})",
+                (table, *chunk))}
+        return out
+
+    def item_sources(self, table: str, iid: int) -> tuple[list[int], list] | None:
+        """(source node ids, their timestamps) of a derived item, or None when it is gone."""
+        r = self.db.execute(f"SELECT sources, timestamps FROM {table} WHERE id=?", (iid,)).fetchone()
+        return None if r is None else (json.loads(r[0]), json.loads(r[1]))
+
+    def trim_item_sources(self, table: str, iid: int, sources: list[int], timestamps: list,
+                          clear_evidence: bool = False) -> None:
+        """Keep only these sources of an item (and drop a record's evidence quote, quoted from a forgotten turn)."""
+        sets = {"sources": json.dumps(sources), "timestamps": json.dumps(timestamps)}
+        if clear_evidence:
+            sets["evidence"] = ""
+        self.db.execute(f"UPDATE {table} SET {', '.join(f'{k}=?' for k in sets)} WHERE id=?", (*sets.values(), iid))
+
+    def delete_item(self, table: str, iid: int, sources: list[int]) -> bool:
+        """Delete a derived item, its FTS row and provenance; a record's or artifact's revision chain is
+        re-linked around it (the value it superseded is current again; a chain it headed gets the next
+        record as its head). Returns whether a revision link was re-linked."""
+        db, relinked = self.db, False
+        if table in ("records", "artifacts"):
+            sup, by = db.execute(f"SELECT supersedes, superseded_by FROM {table} WHERE id=?", (iid,)).fetchone()
+            if by is not None:
+                db.execute(f"UPDATE {table} SET supersedes=? WHERE id=?", (sup, by))
+            if sup is not None:
+                db.execute(f"UPDATE {table} SET superseded_by=? WHERE id=?", (by, sup))
+            relinked = sup is not None or by is not None
+            if table == "records":
+                head = db.execute("SELECT id FROM records WHERE chain_id=? AND id<>? ORDER BY seq, id LIMIT 1",
+                                  (iid, iid)).fetchone()
+                if head is not None:
+                    db.execute("UPDATE records SET chain_id=? WHERE chain_id=? AND id<>?", (head[0], iid, iid))
+        db.execute(f"DELETE FROM {DERIVED_FTS[table]} WHERE rowid=?", (iid,))
+        db.executemany("DELETE FROM provenance WHERE node_id=? AND kind=? AND item_id=?",
+                       [(s, table, iid) for s in sources])
+        db.execute(f"DELETE FROM {table} WHERE id=?", (iid,))
+        return relinked
+
+    def drop_provenance(self, node_ids) -> None:
+        for chunk in self._erase_chunks(node_ids):
+            self.db.execute(f"DELETE FROM provenance WHERE node_id IN ({','.join('?' * len(chunk))})", chunk)
+
+    def children_of(self, node_ids) -> list[tuple[int, int]]:
+        """(child, parent) for every child of these nodes, oldest first within each chunk of parents."""
+        out = []
+        for chunk in self._erase_chunks(node_ids):
+            out += [(int(c), int(p)) for c, p in self.db.execute(
+                f"SELECT id, parent_id FROM nodes WHERE parent_id IN ({','.join('?' * len(chunk))}) ORDER BY seq",
+                chunk)]
+        return out
+
+    def reparent(self, node_id: int, parent_id: int | None) -> None:
+        """Attach a node below parent_id (None: a root); a secondary link to its new parent goes (the forest
+        says it already)."""
+        self.db.execute("UPDATE nodes SET parent_id=? WHERE id=?", (parent_id, node_id))
+        self.db.execute("DELETE FROM links WHERE node_id=? AND target_id IS ?", (node_id, parent_id))
+
+    def delete_nodes(self, conv: str, rows: dict[int, tuple]) -> None:
+        """Delete these nodes (`node_rows`; none may still be a parent) with their FTS rows and forked-root
+        flags (links go by ON DELETE CASCADE); remember their turns' identities (`forgotten_turns`: a
+        re-ingest does not bring them back) and their index labels (`index_tombstones`), and raise the node
+        id floor so no id is ever reused."""
+        db = self.db
+        for chunk in self._erase_chunks(sorted(rows, key=lambda n: -rows[n][3])):  # newest first
+            q = ",".join("?" * len(chunk))
+            db.execute(f"DELETE FROM node_fts WHERE rowid IN ({q})", chunk)
+            db.execute(f"DELETE FROM root_fts WHERE rowid IN ({q})", chunk)
+            db.execute(f"DELETE FROM forked_roots WHERE root_id IN ({q})", chunk)
+            db.execute(f"DELETE FROM nodes WHERE id IN ({q})", chunk)
+        db.executemany("INSERT OR IGNORE INTO forgotten_turns VALUES(?,?)",
+                       [(conv, rows[n][4]) for n in rows if rows[n][4] is not None])
+        db.executemany("INSERT OR IGNORE INTO index_tombstones VALUES(?,?)", [(conv, n) for n in rows])
+        if rows:
+            self.set_meta("node_id_floor", str(max(int(self.get_meta("node_id_floor") or 0), max(rows))))
+
+    def child_ids(self, node_id: int) -> list[int]:
+        """Every child of a node, oldest first."""
+        return [int(r[0]) for r in self.db.execute("SELECT id FROM nodes WHERE parent_id=? ORDER BY seq", (node_id,))]
+
+    def mark_forked(self, root_id: int) -> None:
+        self.db.execute("INSERT OR IGNORE INTO forked_roots VALUES(?)", (root_id,))
+
+    def set_node_fields(self, node_id: int, fields: dict[str, Any]) -> None:
+        """Rewrite these columns of a node (parent, root, depth, topic key, path summary after a move)."""
+        self.db.execute(f"UPDATE nodes SET {', '.join(f'{k}=?' for k in fields)} WHERE id=?",
+                        (*fields.values(), node_id))
+
+    def fix_depths(self, tops: list[int]) -> int:
+        """Depth = parent's depth + 1 over the subtrees of these nodes, each node visited once (nested
+        subtrees are one pass); returns the rows changed."""
+        db = self.db
+        db.execute("CREATE TEMP TABLE IF NOT EXISTS forget_moved(id INTEGER PRIMARY KEY)")
+        db.execute("CREATE TEMP TABLE IF NOT EXISTS forget_depth(id INTEGER PRIMARY KEY, depth INTEGER NOT NULL)")
+        db.execute("DELETE FROM forget_moved")
+        db.execute("DELETE FROM forget_depth")
+        db.executemany("INSERT OR IGNORE INTO forget_moved VALUES(?)", [(t,) for t in tops])
+        db.execute("""INSERT OR IGNORE INTO forget_moved WITH RECURSIVE down(id) AS (SELECT id FROM forget_moved
+                      UNION SELECT c.id FROM nodes c JOIN down ON c.parent_id = down.id) SELECT id FROM down""")
+        db.execute("""INSERT INTO forget_depth WITH RECURSIVE d(id, depth) AS (
+                        SELECT n.id, COALESCE((SELECT p.depth + 1 FROM nodes p WHERE p.id = n.parent_id), 0)
+                        FROM forget_moved m JOIN nodes n ON n.id = m.id
+                        WHERE n.parent_id IS NULL OR n.parent_id NOT IN (SELECT id FROM forget_moved)
+                      UNION ALL SELECT c.id, d.depth + 1 FROM nodes c JOIN d ON c.parent_id = d.id)
+                      SELECT id, depth FROM d""")
+        cur = db.execute("""UPDATE nodes SET depth = (SELECT depth FROM forget_depth f WHERE f.id = nodes.id)
+                            WHERE id IN (SELECT id FROM forget_depth)
+                            AND depth <> (SELECT depth FROM forget_depth f WHERE f.id = nodes.id)""")
+        changed = cur.rowcount
+        db.execute("DELETE FROM forget_moved")
+        db.execute("DELETE FROM forget_depth")
+        return changed
+
+    def reroot_items(self, roots) -> None:
+        """Derived items that named one of these (deleted) roots as theirs follow their first source's root."""
+        db = self.db
+        for table in DERIVED_TABLES:
+            for root in sorted(roots):
+                for iid, sources in db.execute(f"SELECT id, sources FROM {table} WHERE root_id=?", (root,)).fetchall():
+                    new = db.execute("SELECT root_id FROM nodes WHERE id=?", (json.loads(sources)[0],)).fetchone()
+                    db.execute(f"UPDATE {table} SET root_id=? WHERE id=?", (new[0], iid))
+
+    def purge_deleted_terms(self) -> None:
+        """An SQLite without FTS5 secure-delete keeps a deleted row's terms until a merge: merge now."""
+        if not FTS_SECURE_DELETE:
+            for fts in FTS_TABLES:
+                self.db.execute(f"INSERT INTO {fts}({fts}) VALUES('optimize')")

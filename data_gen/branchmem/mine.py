@@ -1,67 +1,28 @@
 """Supervision mining: replay a realized session online through the reference runtime.
 
-Nothing here re-implements runtime logic: candidates are whatever `ArborMemory.localize` recalls at
-that moment (so negatives are hard, including states of the confounder branch), and their topic key,
-path and node summaries and entities are the runtime's own. The replay is teacher-forced: each turn is
-committed under its *gold* parent, so later candidates come from the true forest.
+The replay is the one every miner runs (data_gen/replay.py): candidates are whatever
+`ArborMemory.localize` recalls at that moment (so negatives are hard, including states of the confounder
+branch), and their topic key, path and node summaries and entities are the runtime's own. The replay is
+teacher-forced: each turn is committed under its *gold* parent, so later candidates come from the true forest.
 """
 
 from __future__ import annotations
 
-import json
-
 from arbor_train.prompts import extract_target
-from arbor_train.runtime import ArborMemory, Localization
+from data_gen.replay import Replay
 
 from .realize import Turn
-
-GROUP_FIELDS = ("speaker", "back", "minutes")  # a group-chat candidate's extra document fields (schema.Candidate)
-
-
-def candidate_row(c, turn_of: dict[int, int], recalled: bool = True, question: bool = False) -> dict:
-    """A recalled candidate as a supervision row; a question's (`question`) also carries the state's own
-    turn and time, what a question's reranker may read (Candidate.question_document)."""
-    row = {"turn": turn_of[c.node_id], "topic_key": c.topic_key, "path_summary": c.path_summary,
-           "node_summary": c.node_summary, "entities": list(c.entities),
-           "channels": json.dumps(c.channels, sort_keys=True), "runtime_score": round(float(c.score), 6),
-           "recalled": recalled}
-    if question:
-        row.update(state_text=c.text, state_time=c.timestamp)
-    if c.speaker is not None:
-        row.update({k: getattr(c, k) for k in GROUP_FIELDS})
-    return row
-
-
-def gold_candidate(mem: ArborMemory, node_id: int, turn_of: dict[int, int], now: str | None = None,
-                   question: bool = False) -> dict:
-    """A gold state recall missed, as a candidate row (with the group-chat fields the runtime would give it,
-    and for a question the state's own turn and time)."""
-    from arbor_train.runtime.localize import group_features, turn_text
-
-    n = mem.store.get_node(node_id)
-    row = {"turn": turn_of[node_id], "topic_key": n.topic_key, "path_summary": n.path_summary,
-           "node_summary": n.node_summary, "entities": list(n.entities), "channels": "{}",
-           "runtime_score": 0.0, "recalled": False,
-           **group_features(n, mem.store.latest_node(mem.conv), now)}
-    if question:
-        row.update(state_text=turn_text(n), state_time=n.timestamp)
-    return row
 
 
 def mine_session(session_id: str, turns: list[Turn], runtime_cfg: dict, components: dict) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {"routing": [], "localization": [], "extraction": [], "tags": [], "summaries": []}
-    mem = ArborMemory.open(":memory:", session_id, runtime_cfg, components=components)
-    node_of: dict[int, int] = {}
-    turn_of: dict[int, int] = {}
-    try:
-        for t in turns:
-            loc = mem.localize(t.user, for_question=t.is_question)
-            cands = [candidate_row(c, turn_of, question=t.is_question) for c in loc.candidates]
+    replayed = [{"turn": t.index, "user": t.user, "assistant": t.assistant, "timestamp": t.timestamp,
+                 "question": t.is_question} for t in turns]
+    with Replay(session_id, runtime_cfg, components) as rp:
+        for step, t in zip(rp.steps(replayed, question=lambda r: r["question"]), turns):
             gold_parent, secondary = t.gold_parent, t.gold_secondary
-            for gold in (gold_parent, secondary):
-                if gold is not None and all(c["turn"] != gold for c in cands):
-                    cands.append(gold_candidate(mem, node_of[gold], turn_of, question=t.is_question))
-            chosen = turn_of.get(loc.parent_id) if loc.parent_id is not None else None
+            step.add_gold([gold_parent, secondary])
+            cands, chosen, loc = step.candidates, step.chosen, step.loc
             base = {"session_id": session_id, "turn": t.index, "input": t.user, "timestamp": t.timestamp}
             if t.is_question:
                 q = t.question
@@ -86,11 +47,5 @@ def mine_session(session_id: str, turns: list[Turn], runtime_cfg: dict, componen
                                           "target": extract_target("commit", target), "summary": t.summary})
                 out["summaries"].append({**base, "assistant": t.assistant, "summary": t.summary})
             out["tags"].append({**base, "source": "question" if t.is_question else "turn", "tags": t.tags})
-            parent = Localization(node_of[gold_parent] if gold_parent is not None else None, "gold", 1.0,
-                                  secondary=[node_of[secondary]] if secondary is not None else [])
-            node = mem.commit(t.user, t.assistant, parent, t.timestamp)
-            node_of[t.index] = node.id
-            turn_of[node.id] = t.index
-    finally:
-        mem.store.close()
+            step.commit_at(gold_parent, "gold", secondary=[secondary] if secondary is not None else [])
     return out
