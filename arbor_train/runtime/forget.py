@@ -236,7 +236,8 @@ def _cascade(mem: "ArborMemory", chosen: set[int], forced: dict[str, set[int]], 
             p = rows[p][1]
         return p
 
-    children = [(cid, surviving_ancestor(pid)) for cid, pid in st.children_of(gone) if cid not in chosen]
+    children = [(cid, surviving_ancestor(pid)) for pid, kids in st.children(gone).items() for cid in kids
+                if cid not in chosen]
     for cid, pid in children:  # detach first: the foreign key must not point at a deleted row
         st.reparent(cid, pid)  # (links to and from the deleted nodes go with them: ON DELETE CASCADE)
     old_roots = {int(rows[n][2]) for n in rows}
@@ -251,7 +252,7 @@ def _cascade(mem: "ArborMemory", chosen: set[int], forced: dict[str, set[int]], 
         counts["nodes_reattached"] += 1
         if pid is None:
             new_roots.add(cid)
-        elif len(st.child_ids(pid)) > 1:
+        elif len(st.children([pid])[pid]) > 1:
             st.mark_forked(st.get_node(pid).root_id)
         if cid not in rebuilt:
             counts["nodes_moved"] += _rebuild_subtree(mem, cid, pid, rebuilt)
@@ -290,7 +291,7 @@ def _rebuild_subtree(mem: "ArborMemory", top: int, parent_id: int | None, done: 
         st.set_node_fields(nid, fields)
         rewritten += 1
         done.add(nid)
-        kids = st.child_ids(nid)
+        kids = st.children([nid])[nid]
         if len(kids) > 1:
             st.mark_forked(fields["root_id"])
         same = (fields["root_id"], fields["topic_key"], fields["path_summary"]) == (n.root_id, n.topic_key, n.path_summary)

@@ -132,6 +132,16 @@ _NODE_COLS = ("id, conversation_id, seq, ts, parent_id, root_id, depth, user_tex
               "node_summary, path_summary, topic_key, entities, keywords, embedding, speaker")
 
 
+SQL_CHUNK = 500  # ids per IN (...) query: well under SQLite's bound-variable limit
+
+
+def _chunks(ids) -> Iterator[list[int]]:
+    """The ids in lists of at most SQL_CHUNK, for IN (...) queries."""
+    ids = list(ids)
+    for i in range(0, len(ids), SQL_CHUNK):
+        yield ids[i : i + SQL_CHUNK]
+
+
 def fts_terms(text: str, max_terms: int = 16) -> list[str]:
     """The distinct content words of text, as FTS5 terms (word characters only, so no syntax leaks)."""
     terms: list[str] = []
@@ -670,8 +680,7 @@ class Store:
         if not ids:
             return {}
         out: dict[int, Node] = {}
-        for i in range(0, len(ids), 500):
-            chunk = ids[i : i + 500]
+        for chunk in _chunks(ids):
             q = f"SELECT {_NODE_COLS} FROM nodes WHERE id IN ({','.join('?' * len(chunk))})"
             for row in self.db.execute(q, chunk):
                 out[row[0]] = self._node(row)
@@ -863,16 +872,18 @@ class Store:
             path.insert(0, self.get_node(path[0].root_id))
         return path
 
-    def children(self, node_ids: list[int], per_node: int) -> dict[int, list[int]]:
-        """Each node's first `per_node` children (oldest first): the states that continued it."""
-        out: dict[int, list[int]] = {i: [] for i in node_ids}
-        if not node_ids or per_node <= 0:
+    def children(self, node_ids, per_node: int | None = None) -> dict[int, list[int]]:
+        """Each node's children, oldest first (its first `per_node` of them when given): the states that
+        continued it."""
+        out: dict[int, list[int]] = {int(i): [] for i in node_ids}
+        if per_node is not None and per_node <= 0:
             return out
-        marks = ",".join("?" * len(node_ids))
-        for pid, cid in self.db.execute(
-                f"SELECT parent_id, id FROM nodes WHERE parent_id IN ({marks}) ORDER BY seq", list(node_ids)):
-            if len(out[pid]) < per_node:
-                out[pid].append(int(cid))
+        for chunk in _chunks(out):
+            for pid, cid in self.db.execute(
+                    f"SELECT parent_id, id FROM nodes WHERE parent_id IN ({','.join('?' * len(chunk))}) ORDER BY seq",
+                    chunk):
+                if per_node is None or len(out[pid]) < per_node:
+                    out[pid].append(int(cid))
         return out
 
     def tip(self, node_id: int) -> int:
@@ -1209,14 +1220,6 @@ class Store:
 
     # ------------------------------------------------------------------ erasure (runtime/forget.py decides what)
     # The statements forgetting runs, each a step of the cascade that forget.py orders inside one transaction.
-    ERASE_CHUNK = 500  # ids per IN (...) query
-
-    @classmethod
-    def _erase_chunks(cls, ids) -> Iterator[list[int]]:
-        ids = list(ids)
-        for i in range(0, len(ids), cls.ERASE_CHUNK):
-            yield ids[i : i + cls.ERASE_CHUNK]
-
     def nodes_matching(self, conv: str, phrase: str) -> list[int]:
         """The conversation's nodes whose lexical index holds `phrase` (an FTS5 phrase query)."""
         return [int(r[0]) for r in self.db.execute("SELECT rowid FROM node_fts WHERE node_fts MATCH ?",
@@ -1236,7 +1239,7 @@ class Store:
     def node_rows(self, ids) -> dict[int, tuple]:
         """id -> (id, parent_id, root_id, seq, turn_key) of these nodes (those that exist)."""
         out: dict[int, tuple] = {}
-        for chunk in self._erase_chunks(ids):
+        for chunk in _chunks(ids):
             for r in self.db.execute(f"SELECT id, parent_id, root_id, seq, turn_key FROM nodes WHERE id IN "
                                      f"({','.join('?' * len(chunk))})", chunk):
                 out[int(r[0])] = tuple(r)
@@ -1245,7 +1248,7 @@ class Store:
     def items_citing(self, table: str, node_ids) -> set[int]:
         """The derived items of `table` that cite any of these nodes (provenance)."""
         out: set[int] = set()
-        for chunk in self._erase_chunks(node_ids):
+        for chunk in _chunks(node_ids):
             out |= {int(r[0]) for r in self.db.execute(
                 f"SELECT item_id FROM provenance WHERE kind=? AND node_id IN ({','.join('?' * len(chunk))})",
                 (table, *chunk))}
@@ -1288,17 +1291,8 @@ class Store:
         return relinked
 
     def drop_provenance(self, node_ids) -> None:
-        for chunk in self._erase_chunks(node_ids):
+        for chunk in _chunks(node_ids):
             self.db.execute(f"DELETE FROM provenance WHERE node_id IN ({','.join('?' * len(chunk))})", chunk)
-
-    def children_of(self, node_ids) -> list[tuple[int, int]]:
-        """(child, parent) for every child of these nodes, oldest first within each chunk of parents."""
-        out = []
-        for chunk in self._erase_chunks(node_ids):
-            out += [(int(c), int(p)) for c, p in self.db.execute(
-                f"SELECT id, parent_id FROM nodes WHERE parent_id IN ({','.join('?' * len(chunk))}) ORDER BY seq",
-                chunk)]
-        return out
 
     def reparent(self, node_id: int, parent_id: int | None) -> None:
         """Attach a node below parent_id (None: a root); a secondary link to its new parent goes (the forest
@@ -1312,7 +1306,7 @@ class Store:
         re-ingest does not bring them back) and their index labels (`index_tombstones`), and raise the node
         id floor so no id is ever reused."""
         db = self.db
-        for chunk in self._erase_chunks(sorted(rows, key=lambda n: -rows[n][3])):  # newest first
+        for chunk in _chunks(sorted(rows, key=lambda n: -rows[n][3])):  # newest first
             q = ",".join("?" * len(chunk))
             db.execute(f"DELETE FROM node_fts WHERE rowid IN ({q})", chunk)
             db.execute(f"DELETE FROM root_fts WHERE rowid IN ({q})", chunk)
@@ -1323,10 +1317,6 @@ class Store:
         db.executemany("INSERT OR IGNORE INTO index_tombstones VALUES(?,?)", [(conv, n) for n in rows])
         if rows:
             self.set_meta("node_id_floor", str(max(int(self.get_meta("node_id_floor") or 0), max(rows))))
-
-    def child_ids(self, node_id: int) -> list[int]:
-        """Every child of a node, oldest first."""
-        return [int(r[0]) for r in self.db.execute("SELECT id FROM nodes WHERE parent_id=? ORDER BY seq", (node_id,))]
 
     def mark_forked(self, root_id: int) -> None:
         self.db.execute("INSERT OR IGNORE INTO forked_roots VALUES(?)", (root_id,))
