@@ -35,6 +35,8 @@ def collect(paths: list[str | Path]) -> list[dict]:
 
 
 def fmt_value(v) -> str:
+    if isinstance(v, list):  # a table cell of several values (eval.tables JOIN)
+        return " / ".join(fmt_value(x) for x in v)
     if v is None:
         return "—"
     if isinstance(v, float):

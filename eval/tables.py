@@ -18,7 +18,9 @@ A table config names what the table is made of, so nobody stitches commands toge
     markdown_from: key         (module) the module's own markdown in its result, published instead of the
                                columns' table (a module with several tables: eval.locomo_cv)
     columns: [result keys]     what the table shows of each run's results.json: a key, a dotted path into it
-                               (`by_specificity.referential.gold_in_context`), or {header: dotted path}
+                               (`by_specificity.referential.gold_in_context`; a key that holds dots itself,
+                               `by_threshold.0.1.joined`, is found too), {header: dotted path}, or
+                               {header: [paths]}: one cell showing those values as `a / b`
     smoke: [overrides]         added by the test suite to run the table at smoke size
 
 The run writes, to `docs/results/generated/<name>/` (or `--out`): `table.md` (the table the docs include:
@@ -87,24 +89,41 @@ def load(name: str) -> dict:
     return t
 
 
+JOIN = " / "  # a column of several paths: its key is the paths joined by this, its cell the values
+
+
 def _column(name: str, c) -> tuple[str, str]:
-    """A column as (header, dotted path into results.json)."""
+    """A column as (header, dotted path into results.json; several paths joined by JOIN)."""
     if isinstance(c, str):
         return c.replace("_", " ").replace(".", " "), c
-    if isinstance(c, dict) and len(c) == 1 and isinstance(next(iter(c.values())), str):
-        return next(iter(c.items()))
-    raise ConfigError(f"conf/table/{name}.yaml: each of 'columns' is a results key or {{header: key}}, got {c!r}")
+    if isinstance(c, dict) and len(c) == 1:
+        header, path = next(iter(c.items()))
+        if isinstance(path, str):
+            return str(header), path
+        if isinstance(path, list) and path and all(isinstance(p, str) for p in path):
+            return str(header), JOIN.join(path)
+    raise ConfigError(f"conf/table/{name}.yaml: each of 'columns' is a results key, {{header: key}} or "
+                      f"{{header: [keys]}}, got {c!r}")
 
 
 def value(res: dict, path: str):
     """`res` at a dotted path (`by_specificity.partial.questions`; `.` is `res` itself), or None where any
-    step is missing."""
+    step is missing. A key holding dots (`by_threshold` is keyed `0.1`, `0.2`, ...) is matched whole, the
+    longest first. Several paths joined by JOIN give the list of their values."""
+    if JOIN in path:
+        return [value(res, p) for p in path.split(JOIN)]
     if path == ".":
         return res
-    for step in path.split("."):
-        if not isinstance(res, dict) or step not in res:
+    steps = path.split(".")
+    while steps:
+        if not isinstance(res, dict):
             return None
-        res = res[step]
+        for n in range(len(steps), 0, -1):
+            if (key := ".".join(steps[:n])) in res:
+                res, steps = res[key], steps[n:]
+                break
+        else:
+            return None
     return res
 
 

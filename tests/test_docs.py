@@ -99,11 +99,14 @@ def test_a_table_refuses_to_start_without_its_inputs_and_names_the_commands(tmp_
 EVAL_TABLES = ("formal_methods", "formal_ablations", "policies_formal", "policies_locomo")
 MODULE_TABLES = ("forgetting", "scale", "bench_runtime")
 BUNDLE_TABLES = ("specificity", "irc_dev", "formal_tuned", "specificity_margin", "specificity_answers",
-                 "formal_locomo_router")
+                 "formal_locomo_router", "multi_intent_threshold", "multi_intent_answers", "multi_intent_linked")
 OWN_TESTS = {"main_job": "tests/test_pipeline.py", "locomo_cv": "tests/test_locomo_cv.py",
              "own_conversations": "test_every_tutorial_command_runs_at_smoke_size",
-             "reader": "test_the_reader_table_runs_at_smoke_size_on_a_tiny_reader"}
-SLOW_TABLES = ("policies_locomo", "irc_dev", "specificity", "specificity_answers")
+             "reader": "test_the_reader_tables_run_at_smoke_size_on_a_tiny_reader",
+             "multi_intent_answers_reader": "test_the_reader_tables_run_at_smoke_size_on_a_tiny_reader",
+             "multi_intent_linked_reader": "test_the_reader_tables_run_at_smoke_size_on_a_tiny_reader"}
+SLOW_TABLES = ("policies_locomo", "irc_dev", "specificity", "specificity_answers", "multi_intent_answers",
+               "multi_intent_linked")
 
 
 def test_every_table_config_runs_at_smoke_size_somewhere_in_the_suite():
@@ -176,12 +179,17 @@ def test_every_bundle_table_runs_at_smoke_size_on_a_tiny_router(name, smoke_data
     assert [r["row"] for r in out["rows"]] == [r for r in t["rows"] for _ in t["budgets"]]
 
 
+READER_TABLES = ("reader", "multi_intent_answers_reader", "multi_intent_linked_reader")
+
+
 @pytest.mark.slow
-def test_the_reader_table_runs_at_smoke_size_on_a_tiny_reader(smoke_data, tmp_path, monkeypatch):
-    """The reader table at smoke size, in a scratch folder whose outputs/bundles/reader (the table's need) is a
-    2-step tiny reader trained on another smoke set; the untuned rows read with SmolLM2, one session each."""
+def test_the_reader_tables_run_at_smoke_size_on_a_tiny_reader(smoke_data, tmp_path, monkeypatch):
+    """Each table whose rows answer with a tuned reader, at smoke size, in a scratch folder whose reader bundle
+    (the table's need under outputs/bundles/) is a 2-step tiny reader trained on another smoke set, and whose
+    router need, if any, is met by a 2-step tiny router; the untuned rows read with SmolLM2, one session each."""
     from omegaconf import OmegaConf
     from test_reader import READER, cfg, reader_set
+    from test_train import tcfg
 
     from arbor_train.export import export
     from arbor_train.train import train
@@ -196,13 +204,23 @@ def test_the_reader_table_runs_at_smoke_size_on_a_tiny_reader(smoke_data, tmp_pa
                                            "trainer.enable_progress_bar=false", "task.compare_baselines=false",
                                            f"data.train_dir={tmp_path / 'tr'}", f"data.val_dir={tmp_path / 'va'}",
                                            f"run_dir={tmp_path / 'run'}"), resolve=True))
-    export(res["run_dir"], tmp_path / "outputs" / "bundles" / "reader", log_artifact=False)
-    monkeypatch.chdir(tmp_path)  # the rows name outputs/bundles/reader, relative to where the table runs
-    t = load("reader")
-    out = run_table("reader", [*t["smoke"], f"data_dir={smoke_data}"], tmp_path / "table")
-    assert [r["row"] for r in out["rows"]] == list(t["rows"])
-    tuned = [r for r in out["rows"] if r["row"].startswith("tuned reader")]
-    assert tuned and all(isinstance(r["accuracy"], float) for r in out["rows"])
+    router = train(tcfg(tmp_path / "router_run", smoke_data, "trainer.max_steps=2"))
+    router = export(router["run_dir"], tmp_path / "router", log_artifact=False, merged=True)
+    monkeypatch.chdir(tmp_path)  # the rows name outputs/bundles/<reader>, relative to where the table runs
+    for name in READER_TABLES:
+        t = load(name)
+        readers = [n["path"] for n in t["needs"] if n["path"].startswith("outputs/bundles/reader")]
+        assert len(readers) == 1, name
+        export(res["run_dir"], tmp_path / readers[0], log_artifact=False)
+        router_need = any(n.get("option") == "runtime.reranker.bundle.path" for n in t["needs"])
+        out = run_table(name, [*t["smoke"], f"data_dir={smoke_data}",
+                               *([f"runtime.reranker.bundle.path={router}"] if router_need else [])],
+                        tmp_path / "tables" / name)
+        assert [r["row"] for r in out["rows"]] == list(t["rows"]), name
+        answered = [r for r in out["rows"] if r.get("questions")]
+        assert all(isinstance(r["accuracy"], float) for r in answered), name
+        # the smoke set asks no linked_fact question: a table of those alone reads none
+        assert answered or "branchmem.question_types=[linked_fact]" in t["common"], name
 
 
 # ---------------------------------------------------------------------- tutorials at smoke size
