@@ -7,7 +7,8 @@ A table config names what the table is made of, so nobody stitches commands toge
                                eval: rows x budgets through eval.run; pipeline: the main job's headline;
                                module: one run of another entry point (`module: eval.forgetting`, composed from
                                `config: forgetting`), whose result lists the rows (`rows_from`: a key of
-                               it holding a list of dicts, labelled by `row_label`, or a dict of dicts)
+                               it holding a list of dicts, labelled by `row_label`, or a dict of dicts; or
+                               `row: <label>`: the result itself is the table's one row)
     needs: [{path, command}]   inputs that must exist first (data sets, bundles), each with the command making it
                                (and `option`, the eval.run option it feeds: an override of it replaces the path)
     common: [overrides]        eval.run overrides of every row (the data set, the benchmark)
@@ -72,7 +73,7 @@ def load(name: str) -> dict:
         if not isinstance(n, dict) or not {"path", "command"} <= set(n):
             raise ConfigError(f"conf/table/{name}.yaml: each of 'needs' is {{path, command}}, got {n!r}")
     if t["kind"] == "module":
-        for key in ("module", "config", "rows_from"):
+        for key in ("module", "config", *([] if "row" in t else ["rows_from"])):
             if not isinstance(t.get(key), str):
                 raise ConfigError(f"conf/table/{name}.yaml: field {key!r} must be a string (kind module)")
         t["budgets"] = [None]
@@ -218,8 +219,10 @@ def run_module(t: dict, overrides: list[str], runs: Path) -> tuple[list[dict], l
     cfg = compose_table(t, t["config"], [*t["common"], *where, *overrides])
     print(f"[table {t['name']}] {t['module']} " + " ".join([*t["common"], *overrides]), flush=True)
     res = importlib.import_module(t["module"]).run(cfg)
-    found = value(res, t["rows_from"])
-    if isinstance(found, list):
+    found = None if "row" in t else value(res, t["rows_from"])
+    if "row" in t:
+        items = [(str(t["row"]), res)]
+    elif isinstance(found, list):
         items = [(str(r.get(t.get("row_label", "label"))), r) for r in found if isinstance(r, dict)]
     elif isinstance(found, dict):
         items = [(k, v) for k, v in found.items() if isinstance(v, dict) and k not in t.get("skip_rows", [])]

@@ -97,7 +97,7 @@ def test_a_table_refuses_to_start_without_its_inputs_and_names_the_commands(tmp_
 
 # how each table config is run at smoke size by this suite (a new table config must join one of these)
 EVAL_TABLES = ("formal_methods", "formal_ablations", "policies_formal", "policies_locomo")
-MODULE_TABLES = ("forgetting", "scale", "bench_runtime")
+MODULE_TABLES = ("forgetting", "scale", "bench_runtime", "locomo_card")
 BUNDLE_TABLES = ("specificity", "irc_dev", "formal_tuned", "specificity_margin", "specificity_answers",
                  "formal_locomo_router", "multi_intent_threshold", "multi_intent_answers", "multi_intent_linked")
 OWN_TESTS = {"main_job": "tests/test_pipeline.py", "locomo_cv": "tests/test_locomo_cv.py",
