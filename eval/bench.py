@@ -145,6 +145,8 @@ def bench_runtime(cfg: DictConfig) -> dict:
                     questions.append(q)
                     built += 1
                 ingest = (time.perf_counter() - t1) / b.window
+                stages = {k: round(1000 * v / b.window, 2) for k, v in sorted(mem.timings.stages.items())}
+                stages["other"] = round(1000 * ingest - sum(stages.values()), 2)  # cues, lookups, bookkeeping
                 r = random.Random(size)
                 qs = [questions[r.randrange(len(questions))] for _ in range(b.queries)]
                 lat = []
@@ -162,10 +164,13 @@ def bench_runtime(cfg: DictConfig) -> dict:
                     "ingest_localize_s": round(statistics.mean(tm.localize_s[: b.window]), 5),
                     "ingest_extract_s": round(statistics.mean(tm.extract_s), 5),
                     "ingest_write_s": round(statistics.mean(tm.commit_s), 5),
+                    "ingest_stages_ms": stages,  # ms per ingested turn in each stage (Timings.stage)
                     "query_p50_s": round(p50, 5), "query_p95_s": round(p95, 5), "queries": len(lat),
                 }
                 res[f"nodes_{size}"]["forget"] = bench_forget(mem, b, Path(d) / f"forget_{size}")
                 print(f"[{label}] {size} nodes: {json.dumps(res[f'nodes_{size}'])}", flush=True)
+                print(f"[{label}] {size} nodes, ingest ms per turn by stage: "
+                      + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()), flush=True)
                 mem.reranker = bulk["reranker"]
             mem.close()
         if len(sizes) > 1:

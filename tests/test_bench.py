@@ -86,3 +86,8 @@ def test_runtime_bench_measures_forget_on_copies_of_the_forest(monkeypatch):
     for k in ("nodes_1", "nodes_7"):
         f = res["forget"][k]
         assert f["repeats"] == 2 and f["ms_max"] >= f["ms_median"] > 0
+    # where an ingested turn's time goes: every stage measured, and together they are the ingest time
+    stages = res["ingest_stages_ms"]
+    assert {"embed", "recall", "rerank", "write", "index", "other"} <= set(stages)
+    assert stages["recall"] > 0 and stages["write"] > 0 and stages["other"] > -0.05
+    assert sum(stages.values()) == pytest.approx(1000 * res["ingest_s_per_turn"], abs=0.1)

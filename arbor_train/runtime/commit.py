@@ -57,20 +57,28 @@ class Committer:
         self.lock_for_writing()
         t0 = time.perf_counter()
         turn = TurnInput(user_text, assistant_text, timestamp)
+        tm = self.timings
         if extraction is None:
-            extraction = self.extractors.extract([turn])[0]
+            with tm.stage("extract"):
+                extraction = self.extractors.extract([turn])[0]
         t1 = time.perf_counter()
         emb_text = user_text if self.cfg["embed_text"] == "user" else f"{user_text}\n{assistant_text}"
         last = getattr(self, "_last_query_embedding", None)
-        emb = last[1] if last is not None and last[0] == emb_text else self.embed(emb_text)
+        if last is not None and last[0] == emb_text:
+            emb = last[1]
+        else:
+            with tm.stage("embed"):
+                emb = self.embed(emb_text)
         tags_needed = [f["text"] for f in extraction.facts if not f.get("tags")]
-        tag_iter = iter(self.tagger.predict(tags_needed)) if tags_needed else iter(())
+        with tm.stage("tag"):
+            tag_iter = iter(self.tagger.predict(tags_needed)) if tags_needed else iter(())
         for f in extraction.facts:
             if not f.get("tags"):
                 f["tags"] = next(tag_iter)
-        with self.store.transaction():
+        with tm.stage("write"), self.store.transaction():
             node = self._write(turn, loc, extraction, emb, turn_key, speaker)
-        self.index.add([node.id], emb.reshape(1, -1))
+        with tm.stage("index"):  # the vector index, and its file every `save_every` additions
+            self.index.add([node.id], emb.reshape(1, -1))
         self._last_query_embedding = None
         self.timings.extract_s.append(t1 - t0)
         self.timings.commit_s.append(time.perf_counter() - t1)

@@ -198,13 +198,15 @@ class Localizer:
         if not self.ablation["state_localization"]:
             return Localization(latest.id, "linear", 1.0)
         routing = self.ablation["routing"]
-        q_emb = self.embed(text)
+        with self.timings.stage("embed"):
+            q_emb = self.embed(text)
         self._last_query_embedding = (text, q_emb)
         if routing and not for_question:
             cue = match_cue(text, loc_cfg["continuation_cues"])
             if cue and self._consistent(text, latest):
                 return Localization(self._tip(latest.id), "continuation", 1.0, cue)
-        cands = self._recall(text, q_emb, latest, speaker, timestamp, for_question)
+        with self.timings.stage("recall"):
+            cands = self._recall(text, q_emb, latest, speaker, timestamp, for_question)
         if not cands:
             return Localization(None, "recall", 0.0)
         if not routing:
@@ -215,7 +217,8 @@ class Localizer:
             if not for_question and sem < loc_cfg["no_routing_semantic_threshold"]:
                 return Localization(None, "recall", sem, candidates=cands)
             return Localization(self._tip(best.node_id), "recall", best.score, candidates=cands)
-        scores = self.reranker.score(text, cands)
+        with self.timings.stage("rerank"):
+            scores = self.reranker.score(text, cands)
         for c, s in zip(cands, scores):
             c.score = float(s)
         cands.sort(key=lambda c: -c.score)
@@ -227,7 +230,8 @@ class Localizer:
             loc = Localization(self._tip(best.node_id), "rerank", best.score, candidates=cands)
         else:
             loc = Localization(None, "rerank", best.score, candidates=cands)
-        return self._alternatives(loc, for_question, text)
+        with self.timings.stage("trajectories"):
+            return self._alternatives(loc, for_question, text)
 
     def _alternatives(self, loc: Localization, for_question: bool, text: str) -> Localization:
         """Rank the trajectories behind the reranked candidates by confidence, and pick the secondary

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ..errors import ConfigError
 from .commit import Committer
@@ -37,10 +38,21 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Timings:
+    """Where a memory's time goes: per call (localize, extract, commit, assemble) and per stage of ingest and
+    read (`stages`: total seconds per stage name, summed over calls, as `with timings.stage(name):` measured)."""
     localize_s: list[float] = field(default_factory=list)
     extract_s: list[float] = field(default_factory=list)
     commit_s: list[float] = field(default_factory=list)
     assemble_s: list[float] = field(default_factory=list)
+    stages: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stages[name] = self.stages.get(name, 0.0) + time.perf_counter() - t0
 
 
 def _cfg(cfg: Any) -> dict:
