@@ -211,7 +211,8 @@ def test_the_reader_tables_run_at_smoke_size_on_a_tiny_reader(smoke_data, tmp_pa
         t = load(name)
         readers = [n["path"] for n in t["needs"] if n["path"].startswith("outputs/bundles/reader")]
         assert len(readers) == 1, name
-        export(res["run_dir"], tmp_path / readers[0], log_artifact=False)
+        if not (tmp_path / readers[0]).exists():  # two tables may share a reader
+            export(res["run_dir"], tmp_path / readers[0], log_artifact=False)
         router_need = any(n.get("option") == "runtime.reranker.bundle.path" for n in t["needs"])
         out = run_table(name, [*t["smoke"], f"data_dir={smoke_data}",
                                *([f"runtime.reranker.bundle.path={router}"] if router_need else [])],
