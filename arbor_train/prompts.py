@@ -130,6 +130,11 @@ def extract_target(kind: str, value) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
 
 
+def extract_all_target(targets: dict) -> str:
+    """Canonical completion of the one-generation layout: one JSON object, the kinds in the prompt's order."""
+    return json.dumps(targets, ensure_ascii=False, separators=(", ", ": "))
+
+
 def tag_messages(text: str, tags: list[str]) -> list[dict]:
     return [
         {"role": "system", "content": EXTRACT_SYSTEM},

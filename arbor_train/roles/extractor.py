@@ -1,10 +1,12 @@
 """Memory-commit extractor role: causal-LM SFT on the extraction supervision.
 
-Prompts are the runtime's own (`arbor_train.prompts.extract_messages`, one prompt per extraction kind),
-completions the strict JSON the runtime validates; the loss covers completion tokens only (masks are
-built with the examples, arbor_train/packing.py) and examples are packed without attention across them.
-Validation reports the held-out completion loss, and generates greedily for a fixed held-out sample:
-JSON validity, slot key/value F1 (states) and atomic-fact F1 (facts).
+Prompts are the runtime's own, in one of two layouts (`task.layout`): `kind`, one prompt and one
+generation per extraction kind (`arbor_train.prompts.extract_messages`), or `one_pass`, one prompt naming
+every kind a row supervises, answered as one JSON object (`extract_all_messages`). Completions are the
+strict JSON the runtime validates; the loss covers completion tokens only (masks are built with the
+examples, arbor_train/packing.py) and examples are packed without attention across them. Validation reports
+the held-out completion loss, and generates greedily for a fixed held-out sample: JSON validity and each
+kind's metrics (arbor_train/scoring/training.py extraction_metrics).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ..packing import (
     real_tokens,
     use_packed_attention,
 )
-from ..prompts import EXTRACT_TEMPLATE, extract_messages, extract_target
+from ..prompts import EXTRACT_TEMPLATE, extract_all_messages, extract_all_target, extract_messages, extract_target
 from ..wrap import through_root
 from .common import Built, Role, RoleModule, load_rows, loaders
 
@@ -46,13 +48,34 @@ def row_target(r: dict, kind: str):
     return json.loads(r["target"]).get(kind)
 
 
-def sft_examples(rows, tokenizer, kinds: list[str], max_length: int,
-                 empty_share: float | None = None) -> tuple[list[dict], list[dict], int]:
-    """(examples, prompts-with-targets for generation, dropped count) for every row and supervised kind.
-    empty_share (training only): per kind, an example whose target is empty ([]) is kept only while such
-    examples stay at most this share of the kind's examples; most turns state no event or artifact, and
-    a multi-kind adapter fed mostly "[]" learns to write "[]" for every kind."""
+LAYOUTS = ("kind", "one_pass")
+ONE_PASS = "one_pass"  # the `kind` of a one-pass generation example (its target maps kinds to targets)
+
+
+def sft_examples(rows, tokenizer, kinds: list[str], max_length: int, empty_share: float | None = None,
+                 layout: str = "kind") -> tuple[list[dict], list[dict], int]:
+    """(examples, prompts-with-targets for generation, dropped count): for every row and supervised kind
+    (layout `kind`), or one per row holding every kind it supervises (layout `one_pass`).
+    empty_share (training only, layout `kind`): per kind, an example whose target is empty ([]) is kept only
+    while such examples stay at most this share of the kind's examples; most turns state no event or
+    artifact, and a multi-kind adapter fed mostly "[]" learns to write "[]" for every kind. (In one pass
+    an empty kind is one key of an object that has others: it is kept.)"""
+    if layout not in LAYOUTS:
+        raise ConfigError(f"option task.layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     examples, gen, dropped = [], [], 0
+    if layout == ONE_PASS:
+        for r in rows:
+            targets = {k: t for k in kinds if (t := row_target(r, k)) is not None}
+            if not targets:
+                continue
+            messages = extract_all_messages(list(targets), r["input"], r["assistant"], r["timestamp"])
+            ex = build_sft_example(tokenizer, messages, extract_all_target(targets), max_length)
+            if ex is None:
+                dropped += 1
+                continue
+            examples.append(ex)
+            gen.append({"kind": ONE_PASS, "messages": messages, "target": targets})
+        return examples, gen, dropped
     seen: dict[str, list[int]] = {}  # kind -> [with content, empty]
     for r in rows:
         for kind in kinds:
@@ -228,6 +251,17 @@ class ExtractorModule(RoleModule):
                              "generated": len(outs)}
         by_kind: dict[str, tuple[list, list]] = {}
         for g, o in zip(self.gen_examples, outs):
+            if g["kind"] == ONE_PASS:  # one object: each kind scored on its key (a missing key predicts nothing)
+                try:
+                    obj = json.loads(o)
+                except json.JSONDecodeError:
+                    obj = None
+                obj = obj if isinstance(obj, dict) else {}
+                for kind, target in g["target"].items():
+                    by_kind.setdefault(kind, ([], []))
+                    by_kind[kind][0].append(obj.get(kind, "" if kind == "summary" else None))
+                    by_kind[kind][1].append(target)
+                continue
             if g["kind"] == "summary":
                 pred: Any = o
             else:
@@ -255,6 +289,8 @@ class Extractor(Role):
     def check(self, c: dict) -> None:
         if c["model"]["family"] != "decoder":
             raise ConfigError(f"task={c['task']['name']} needs a decoder (causal LM) model, got model={c['model']['name']}")
+        if c["task"].get("layout", "kind") not in LAYOUTS:  # before any model is built
+            raise ConfigError(f"option task.layout must be one of {', '.join(LAYOUTS)}, got {c['task']['layout']!r}")
 
     def build(self, c: dict) -> Built:
         t, dc = c["task"], c["data"]
@@ -265,8 +301,9 @@ class Extractor(Role):
         va_rows = D.select_rows(va_rows["extraction"], dc.get("max_val_examples"), t.get("nonempty_share"), kinds)
         mixed, mixed_sessions, mix_fp = mix_rows(c)
         tr_rows = D.interleave(tr_rows, mixed)  # both sources spread over the epoch's order
-        tr, _, dropped = sft_examples(tr_rows, tok, kinds, t["max_length"], t.get("empty_share"))
-        va, gen, _ = sft_examples(va_rows, tok, kinds, t["max_length"])
+        prompts = t.get("layout", "kind")  # (`layout` here is the packed-attention layout)
+        tr, _, dropped = sft_examples(tr_rows, tok, kinds, t["max_length"], t.get("empty_share"), prompts)
+        va, gen, _ = sft_examples(va_rows, tok, kinds, t["max_length"], layout=prompts)
         module = ExtractorModule(model, c, tok, spread_kinds(gen, t["gen_examples"]))
         train_loader, val_loader = sft_loaders(c, model, tok, layout, tr, va)
         return Built(module, tok, train_loader, val_loader, D.fingerprint(dc["train_dir"], ["extraction"]) + mix_fp,
@@ -275,7 +312,8 @@ class Extractor(Role):
     def extras(self, c: dict, built: Built) -> dict[str, Any]:
         # the mixed-in sessions (e.g. LoCoMo conversation ids) the bundle was trained on, so an evaluation
         # can refuse to score it on them (eval.run's held-out check)
-        return {"kinds": list(c["task"]["kinds"]), "training_sessions": built.extras["mixed_sessions"]}
+        return {"kinds": list(c["task"]["kinds"]), "layout": c["task"].get("layout", "kind"),
+                "max_new_tokens": int(c["task"]["max_new_tokens"]), "training_sessions": built.extras["mixed_sessions"]}
 
     def prompt_template(self, kind: str) -> dict:
         return EXTRACT_TEMPLATE.to_json()

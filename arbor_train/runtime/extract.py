@@ -6,6 +6,8 @@ always pass through validate.py before anything reaches the store; `ExtractorSet
 - `HeuristicExtractor`: regex grammar over the user turn (patterns visible in conf/runtime).
 - `LLMExtractor`: a prompted causal LM (local HF or OpenAI-compatible), or a tuned bundle, with the
   versioned prompts in arbor_train.prompts; one batched generation per kind.
+- `OnePassExtractor`: a bundle trained in the one-generation layout (`task.layout: one_pass`): one
+  generation per turn answers every kind as one JSON object, split here per kind.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..prompts import extract_messages
+from ..prompts import extract_all_messages, extract_messages
 from .kvcache import SqliteKV, cache_key
 from .text import entities as find_entities
 from .text import keywords as find_keywords
@@ -226,7 +228,10 @@ class LLMExtractor:
 
     def run(self, kind: str, turns: list[TurnInput]) -> list[Any]:
         msgs = [extract_messages(kind, t.user_text, t.assistant_text, t.timestamp) for t in turns]
-        n = self.max_new_tokens if kind != "summary" else SUMMARY_TOKENS
+        return self.generate(msgs, self.max_new_tokens if kind != "summary" else SUMMARY_TOKENS)
+
+    def generate(self, msgs: list[list[dict]], n: int) -> list[str]:
+        """Greedy completions of these prompts (batched by length for a local model), through the cache."""
         cache_id = getattr(self.llm, "cache_id", None)
         from .llm import HFCausalLM
 
@@ -244,6 +249,43 @@ class LLMExtractor:
             self.cache.put_many(new)
             have.update(new)
         return [have[k] for k in keys]
+
+
+class OnePassExtractor(LLMExtractor):
+    """The one-generation layout: one prompt per turn names every kind the bundle was trained on, and one
+    JSON object answers them all. `run(kind, turns)` generates once for a list of turns and answers the
+    other kinds of the same turns from that generation (ExtractorSet asks kind by kind). Each kind's part
+    then passes the runtime's per-kind validation like any other output; an object that does not parse
+    gives every kind the raw text, which that validation rejects and counts."""
+
+    def __init__(self, llm, max_new_tokens: int = 384, kinds: list[str] | None = None):
+        super().__init__(llm, max_new_tokens, kinds)
+        self.order = [k for k in KINDS if k in self.kinds]
+        self._last: tuple[tuple, list[tuple[dict | None, str]]] | None = None
+
+    def run(self, kind: str, turns: list[TurnInput]) -> list[Any]:
+        key = tuple((t.user_text, t.assistant_text, t.timestamp) for t in turns)
+        if self._last is None or self._last[0] != key:
+            msgs = [extract_all_messages(self.order, t.user_text, t.assistant_text, t.timestamp) for t in turns]
+            self._last = (key, [(_object(o), o) for o in self.generate(msgs, self.max_new_tokens)])
+        out = []
+        for obj, raw in self._last[1]:
+            if obj is None:  # not an object: every kind sees the text, and validation rejects it
+                out.append("" if kind == "summary" else raw)
+            else:
+                out.append(obj.get(kind, "" if kind == "summary" else []))
+        return out
+
+
+def _object(text: str) -> dict | None:
+    """A one-pass output as a JSON object (fences and trailing commas repaired), or None."""
+    from .validate import ExtractionRejected, parse_json_output
+
+    try:
+        obj = parse_json_output(text, "one_pass", ValidationReport())
+    except ExtractionRejected:
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 def build_extractor(spec, cache: dict) -> Extractor:
@@ -275,7 +317,11 @@ def build_extractor(spec, cache: dict) -> Extractor:
         # what its outputs depend on: the bundle's identity (training data fingerprint, export time) and dtype
         llm.cache_id = (f"bundle:{b.manifest['data_fingerprint']}|{b.manifest.get('created_at')}|{weights_id(b.path)}|"
                         f"{str(next(model.parameters()).dtype).replace('torch.', '')}")
-        ex = LLMExtractor(llm, spec.get("max_new_tokens", 256), kinds=b.manifest.get("kinds"))
+        if b.manifest.get("layout", "kind") == "one_pass":  # one generation per turn, every kind
+            ex = OnePassExtractor(llm, spec.get("max_new_tokens") or b.manifest.get("max_new_tokens", 384),
+                                  kinds=b.manifest.get("kinds"))
+        else:
+            ex = LLMExtractor(llm, spec.get("max_new_tokens", 256), kinds=b.manifest.get("kinds"))
     else:
         raise ConfigError(f"runtime option extractors.<kind>.kind must be heuristic, prompted or bundle, got {kind!r}")
     cache[key] = ex
