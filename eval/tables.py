@@ -7,8 +7,9 @@ A table config names what the table is made of, so nobody stitches commands toge
                                eval: rows x budgets through eval.run; pipeline: the main job's headline;
                                module: one run of another entry point (`module: eval.forgetting`, composed from
                                `config: forgetting`), whose result lists the rows (`rows_from`: a key of
-                               it holding a list of dicts, labelled by `row_label`, or a dict of dicts; or
-                               `row: <label>`: the result itself is the table's one row)
+                               it holding a list of dicts, labelled by `row_label`, or a dict of dicts;
+                               `row: <label>`: the result itself is the table's one row; or `rows:
+                               {label: [overrides]}`: one run per row, each run's result that row)
     needs: [{path, command}]   inputs that must exist first (data sets, bundles), each with the command making it
                                (and `option`, the eval.run option it feeds: an override of it replaces the path)
     common: [overrides]        eval.run overrides of every row (the data set, the benchmark)
@@ -73,9 +74,12 @@ def load(name: str) -> dict:
         if not isinstance(n, dict) or not {"path", "command"} <= set(n):
             raise ConfigError(f"conf/table/{name}.yaml: each of 'needs' is {{path, command}}, got {n!r}")
     if t["kind"] == "module":
-        for key in ("module", "config", *([] if "row" in t else ["rows_from"])):
+        for key in ("module", "config", *([] if "row" in t or "rows" in t else ["rows_from"])):
             if not isinstance(t.get(key), str):
                 raise ConfigError(f"conf/table/{name}.yaml: field {key!r} must be a string (kind module)")
+        if "rows" in t and (not isinstance(t["rows"], dict) or not t["rows"]
+                            or not all(isinstance(v, list) for v in t["rows"].values())):
+            raise ConfigError(f"conf/table/{name}.yaml: field 'rows' must map row labels to the module's overrides")
         t["budgets"] = [None]
     if t["kind"] == "eval":
         if not isinstance(t.get("rows"), dict) or not t["rows"]:
@@ -216,9 +220,18 @@ def run_module(t: dict, overrides: list[str], runs: Path) -> tuple[list[dict], l
     # the entry point's output folder option (run_dir, or `out_option`: eval.locomo_cv's `out`) is the runs folder
     opt = t.get("out_option", "run_dir")
     where = [f"{opt}={runs}"] if opt else []
+    module = importlib.import_module(t["module"])
+    if "rows" in t:  # one run per row
+        rows = []
+        for label, row in t["rows"].items():
+            cfg = compose_table(t, t["config"], [*t["common"], *row, *where, *overrides])
+            print(f"[table {t['name']}] {label}: {t['module']} " + " ".join([*t["common"], *row, *overrides]), flush=True)
+            res = module.run(cfg)
+            rows.append({"row": label, "budget": None, **{k: value(res, k) for _, k in t["columns"]}})
+        return rows, sorted(runs.glob("*.png")), None
     cfg = compose_table(t, t["config"], [*t["common"], *where, *overrides])
     print(f"[table {t['name']}] {t['module']} " + " ".join([*t["common"], *overrides]), flush=True)
-    res = importlib.import_module(t["module"]).run(cfg)
+    res = module.run(cfg)
     found = None if "row" in t else value(res, t["rows_from"])
     if "row" in t:
         items = [(str(t["row"]), res)]

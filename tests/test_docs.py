@@ -97,7 +97,7 @@ def test_a_table_refuses_to_start_without_its_inputs_and_names_the_commands(tmp_
 
 # how each table config is run at smoke size by this suite (a new table config must join one of these)
 EVAL_TABLES = ("formal_methods", "formal_ablations", "policies_formal", "policies_locomo")
-MODULE_TABLES = ("forgetting", "scale", "bench_runtime", "locomo_card")
+MODULE_TABLES = ("forgetting", "scale", "bench_runtime", "locomo_card", "bench_train")
 BUNDLE_TABLES = ("specificity", "irc_dev", "formal_tuned", "specificity_margin", "specificity_answers",
                  "formal_locomo_router", "multi_intent_threshold", "multi_intent_answers", "multi_intent_linked")
 OWN_TESTS = {"main_job": "tests/test_pipeline.py", "locomo_cv": "tests/test_locomo_cv.py",
@@ -106,7 +106,7 @@ OWN_TESTS = {"main_job": "tests/test_pipeline.py", "locomo_cv": "tests/test_loco
              "multi_intent_answers_reader": "test_the_reader_tables_run_at_smoke_size_on_a_tiny_reader",
              "multi_intent_linked_reader": "test_the_reader_tables_run_at_smoke_size_on_a_tiny_reader"}
 SLOW_TABLES = ("policies_locomo", "irc_dev", "specificity", "specificity_answers", "multi_intent_answers",
-               "multi_intent_linked")
+               "multi_intent_linked", "bench_train")
 
 
 def test_every_table_config_runs_at_smoke_size_somewhere_in_the_suite():
@@ -154,6 +154,7 @@ def test_every_module_table_runs_at_smoke_size(name, smoke_data, tmp_path):
     t = load(name)
     before = (GENERATED / name / "table.md").read_text()
     extra = [f"data_dir={smoke_data}"] if any(c.startswith("data_dir=") for c in t["common"]) else []
+    extra += [f"{n['option']}={smoke_data}" for n in t["needs"] if n.get("option", "").endswith(".data_dir")]
     res = run_table(name, [*t["smoke"], *extra], tmp_path / name)
     published = [line.split("|")[1].strip() for line in before.splitlines()[2:]]
     assert [r["row"] for r in res["rows"]] == published  # the same rows as the published run
