@@ -63,18 +63,22 @@ def sft_examples(rows, tokenizer, kinds: list[str], max_length: int, empty_share
     if layout not in LAYOUTS:
         raise ConfigError(f"option task.layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     examples, gen, dropped = [], [], 0
+
+    def add(kind: str, messages: list[dict], completion: str, target) -> None:
+        nonlocal dropped
+        ex = build_sft_example(tokenizer, messages, completion, max_length)
+        if ex is None:
+            dropped += 1
+            return
+        examples.append(ex)
+        gen.append({"kind": kind, "messages": messages, "target": target})
+
     if layout == ONE_PASS:
         for r in rows:
             targets = {k: t for k in kinds if (t := row_target(r, k)) is not None}
-            if not targets:
-                continue
-            messages = extract_all_messages(list(targets), r["input"], r["assistant"], r["timestamp"])
-            ex = build_sft_example(tokenizer, messages, extract_all_target(targets), max_length)
-            if ex is None:
-                dropped += 1
-                continue
-            examples.append(ex)
-            gen.append({"kind": ONE_PASS, "messages": messages, "target": targets})
+            if targets:
+                add(ONE_PASS, extract_all_messages(list(targets), r["input"], r["assistant"], r["timestamp"]),
+                    extract_all_target(targets), targets)
         return examples, gen, dropped
     seen: dict[str, list[int]] = {}  # kind -> [with content, empty]
     for r in rows:
@@ -87,14 +91,8 @@ def sft_examples(rows, tokenizer, kinds: list[str], max_length: int, empty_share
                 if n[1] + 1 > empty_share * (n[0] + n[1] + 1):
                     continue
             n[0 if target else 1] += 1
-            completion = extract_target(kind, target)
-            messages = extract_messages(kind, r["input"], r["assistant"], r["timestamp"])
-            ex = build_sft_example(tokenizer, messages, completion, max_length)
-            if ex is None:
-                dropped += 1
-                continue
-            examples.append(ex)
-            gen.append({"kind": kind, "messages": messages, "target": target})
+            add(kind, extract_messages(kind, r["input"], r["assistant"], r["timestamp"]),
+                extract_target(kind, target), target)
     return examples, gen, dropped
 
 
