@@ -99,14 +99,15 @@ def test_a_table_refuses_to_start_without_its_inputs_and_names_the_commands(tmp_
 EVAL_TABLES = ("formal_methods", "formal_ablations", "policies_formal", "policies_locomo")
 MODULE_TABLES = ("forgetting", "scale", "bench_runtime", "locomo_card", "bench_train")
 BUNDLE_TABLES = ("specificity", "irc_dev", "formal_tuned", "specificity_margin", "specificity_answers",
-                 "formal_locomo_router", "multi_intent_threshold", "multi_intent_answers", "multi_intent_linked")
+                 "formal_locomo_router", "multi_intent_threshold", "multi_intent_answers", "multi_intent_linked",
+                 "irc_tuned", "irc_router_formal")
 OWN_TESTS = {"main_job": "tests/test_pipeline.py", "locomo_cv": "tests/test_locomo_cv.py",
              "own_conversations": "test_every_tutorial_command_runs_at_smoke_size",
              "reader": "test_the_reader_tables_run_at_smoke_size_on_a_tiny_reader",
              "multi_intent_answers_reader": "test_the_reader_tables_run_at_smoke_size_on_a_tiny_reader",
              "multi_intent_linked_reader": "test_the_reader_tables_run_at_smoke_size_on_a_tiny_reader"}
 SLOW_TABLES = ("policies_locomo", "irc_dev", "specificity", "specificity_answers", "multi_intent_answers",
-               "multi_intent_linked", "bench_train")
+               "multi_intent_linked", "bench_train", "irc_tuned")
 
 
 def test_every_table_config_runs_at_smoke_size_somewhere_in_the_suite():
