@@ -120,24 +120,43 @@ def test_a_bad_lever_is_refused_naming_the_option(tiny_bundles, option, value, m
         build_extractor({"kind": "bundle", "path": str(tiny_bundles["kind"]), option: value}, {})
 
 
-def test_the_extract_bench_runs_at_smoke_size_on_tiny_extractors(tiny_bundles, smoke_data, tmp_path):
-    """`table=bench_extract` at smoke size, its bundles two tiny extractors (one per layout): a row per layout and
-    lever and the heuristic, with cost and quality cells, written to --out (the published folder untouched)."""
-    from eval.tables import GENERATED, load, run_table
+def test_the_extract_bench_runs_both_layouts_under_every_lever_at_smoke_size(tiny_bundles, smoke_data):
+    """`eval.bench target=extract` at smoke size on two tiny extractors (one per layout): a row per layout and
+    lever after the heuristic's, each with cost and quality."""
+    from arbor_train.runtime.config import compose
+    from eval.bench import run
 
-    t = load("bench_extract")
-    before = (GENERATED / "bench_extract" / "table.md").read_text()
-    out = run_table("bench_extract", [*t["smoke"], f"bench_extract.branchmem_dir={smoke_data}",
-                                      f"bench_extract.layouts.kind-conditioned={tiny_bundles['kind']}",
-                                      f"bench_extract.layouts.one-pass={tiny_bundles['one_pass']}"], tmp_path / "t")
-    published = [line.split("|")[1].strip() for line in before.splitlines()[2:]]
-    assert [r["row"] for r in out["rows"]] == published
-    col = dict(t["columns"])
-    for r in out["rows"]:
-        assert r[col["s/turn BranchMemEval (batched / online)"]][0] > 0, r["row"]
-        assert isinstance(r[col["LoCoMo fact F1"]], float), r["row"]
-    assert all(isinstance(r[col["JSON valid"]], float) for r in out["rows"] if r["row"] != "heuristic")
-    assert (GENERATED / "bench_extract" / "table.md").read_text() == before
+    cfg = compose("bench", ["target=extract", f"bench_extract.branchmem_dir={smoke_data}",
+                            f"bench_extract.layouts.kind-conditioned={tiny_bundles['kind']}",
+                            f"bench_extract.layouts.one-pass={tiny_bundles['one_pass']}", "bench_extract.turns=2",
+                            "bench_extract.interactions=2", "bench_extract.single=1", "bench_extract.batch_size=2",
+                            "bench_extract.max_new_tokens={kind: 8, one_pass: 16}"])
+    res = run(cfg)
+    levers = list(cfg.bench_extract.levers)
+    assert list(res["rows"]) == ["heuristic", *[f"{lay}, {lev}" for lay in ("kind-conditioned", "one-pass")
+                                                for lev in levers]]
+    for key, r in res["rows"].items():
+        assert r["branchmem_batched_s"] > 0 and r["locomo_online_s"] > 0, key
+        assert isinstance(r["locomo_fact_f1"], float) and isinstance(r["rouge_l"], float), key
+        assert (r["json_validity"] is None) == (key == "heuristic"), key
+    assert res["rows"]["one-pass, 1 thread"]["threads"] == 1
+
+
+def test_json_validity_counts_every_batched_one_pass_generation():
+    """A one-pass extractor answers every kind from one generation per turn: validity is over those
+    generations (all of the batch), not over the kinds' parts."""
+    from test_one_pass import ObjectLLM, one_pass_set
+
+    from arbor_train.scoring.training import json_validity
+    from eval.bench import extract_turns, model_texts
+
+    llm = ObjectLLM(broken={"beta"})
+    ex = one_pass_set(llm)
+    turns = [TurnInput("alpha Alice is here."), TurnInput("beta Alice again."), TurnInput("gamma Alice.")]
+    raws = extract_turns(ex, list(KINDS), turns, online=False)
+    texts = model_texts(ex, list(KINDS), raws)
+    assert len(llm.prompts) == 3 and len(texts) == 3
+    assert json_validity(texts) == pytest.approx(2 / 3)
 
 
 def test_the_extract_bench_refuses_a_missing_bundle_naming_the_option(tmp_path):
