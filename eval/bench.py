@@ -316,7 +316,7 @@ def extract_quality(raws: dict[str, list], golds: dict[str, list]) -> dict:
     each raw output through the runtime's own validation, against the rows' gold (None: the row does not
     supervise that kind, left out). JSON validity: the share of a model's raw list-kind outputs that parse
 (None for the heuristic, which writes objects)."""
-    from arbor_train.runtime.validate import ValidationReport, validate_items, validate_strings
+    from arbor_train.runtime.validate import ValidationReport, validate_kind
     from arbor_train.scoring.training import extraction_metrics
 
     out: dict = {}
@@ -325,10 +325,8 @@ def extract_quality(raws: dict[str, list], golds: dict[str, list]) -> dict:
         rep = ValidationReport()
         if kind == "summary":
             pred: list = [str(r) for r, _ in pairs]
-        elif kind == "entities":
-            pred = [validate_strings(r, kind, rep) for r, _ in pairs]
         else:
-            pred = [validate_items(r, kind, rep) for r, _ in pairs]
+            pred = [validate_kind(r, kind, rep) for r, _ in pairs]
         out.update({k: round(v, 4) for k, v in extraction_metrics(kind, pred, [g for _, g in pairs]).items()
                     if isinstance(v, float)})
     return out

@@ -75,8 +75,8 @@ def json_constraint(llm) -> JSONConstraint:
 
 class PrefixKV:
     """Keys and values of prompt prefixes that many prompts share (a kind's instruction, computed once and
-    reused for every turn of that kind). `split(ids)` finds the longest stored prefix of a prompt; the
-    caller hands generate() a copy of its cache, so only the rest of the prompt is prefilled. Used for
+    reused for every turn of that kind). `cache_for(ids)` copies the longest stored prefix of a prompt; the
+    caller hands generate() that copy, so only the rest of the prompt is prefilled. Used for
     one prompt at a time: a left-padded batch does not share a prefix position."""
 
     def __init__(self, model):

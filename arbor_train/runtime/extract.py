@@ -27,7 +27,7 @@ from .kvcache import SqliteKV, cache_key
 from .text import entities as find_entities
 from .text import keywords as find_keywords
 from .text import sentences, snake_case, truncate
-from .validate import MAX_CHARS, ValidationReport, validate_items, validate_strings
+from .validate import MAX_CHARS, ValidationReport, validate_kind
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +242,7 @@ class LLMExtractor:
             from .constrain import PrefixKV
 
             self.prefix_kv = PrefixKV(llm.model)
+        self._prefix_texts: set[str] = set()  # prompt prefixes whose keys and values prefix_kv holds
 
     def run(self, kind: str, turns: list[TurnInput]) -> list[Any]:
         msgs = [extract_messages(kind, t.user_text, t.assistant_text, t.timestamp) for t in turns]
@@ -249,11 +250,13 @@ class LLMExtractor:
                              grammar=None if kind == "summary" else kind)
 
     def _prefix(self, messages: list[dict]) -> None:
-        """Store the keys and values of this prompt up to its turn (what every turn of the kind shares)."""
+        """Store the keys and values of this prompt up to its turn (what every turn of the kind shares); a
+        prefix already stored is not tokenized again."""
         text = self.llm.render(messages)
         cut = text.find(TURN_MARK)
-        if cut < 0:
+        if cut < 0 or text[:cut] in self._prefix_texts:
             return
+        self._prefix_texts.add(text[:cut])
         tok = self.llm.tokenizer
         full = tok(text, add_special_tokens=False)["input_ids"]
         ids = tok(text[: cut + len(TURN_MARK)], add_special_tokens=False)["input_ids"]
@@ -427,10 +430,8 @@ class ExtractorSet:
                 if kind == "summary":
                     s = raw if isinstance(raw, str) else str(raw)
                     ex.summary = truncate(s, MAX_CHARS - 1) or truncate(t.user_text, 160)
-                elif kind == "entities":
-                    ex.entities = validate_strings(raw, "entities", ex.report)
                 else:
-                    setattr(ex, kind, validate_items(raw, kind, ex.report))
+                    setattr(ex, kind, validate_kind(raw, kind, ex.report))
         for ex, t in zip(outs, turns):
             ex.keywords = find_keywords(t.user_text + " " + t.assistant_text, k=10)
             if not ex.summary:

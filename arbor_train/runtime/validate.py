@@ -225,3 +225,8 @@ def validate_strings(raw: Any, kind: str, report: ValidationReport, limit: int =
         if s:
             out.append(s)
     return out
+
+
+def validate_kind(raw: Any, kind: str, report: ValidationReport) -> list:
+    """One list kind's raw output as the store receives it: `entities` as short strings, the others as items."""
+    return validate_strings(raw, kind, report) if kind == "entities" else validate_items(raw, kind, report)
