@@ -159,11 +159,13 @@ def test_json_validity_counts_every_batched_one_pass_generation():
     assert json_validity(texts) == pytest.approx(2 / 3)
 
 
-def test_the_extract_bench_refuses_a_missing_bundle_naming_the_option(tmp_path):
+def test_the_extract_bench_refuses_a_missing_bundle_naming_the_option(tiny_bundles, tmp_path):
     from eval.bench import check_options
     from arbor_train.errors import MissingInputError
     from arbor_train.runtime.config import compose
 
-    cfg = compose("bench", ["target=extract", f"bench_extract.layouts.one-pass={tmp_path}/none"])
+    # only the second layout is missing, so the message must name that one (and not just the first key)
+    cfg = compose("bench", ["target=extract", f"bench_extract.layouts.kind-conditioned={tiny_bundles['kind']}",
+                            f"bench_extract.layouts.one-pass={tmp_path}/none"])
     with pytest.raises(MissingInputError, match="bench_extract.layouts.one-pass"):
         check_options(cfg)
