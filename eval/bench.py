@@ -311,6 +311,20 @@ def model_texts(ex, kinds: list[str], raws: dict[str, list]) -> list[str]:
     return [r for k in kinds if k != "summary" for r in raws[k] if isinstance(r, str)]
 
 
+def generated_tokens(ex, kinds: list[str], raws: dict[str, list]) -> int:
+    """Tokens a model extractor generated for these turns, every kind: a one-pass extractor's texts, or each
+    kind's raw text (summaries included), counted with the model's own tokenizer (EOS not counted)."""
+    from arbor_train.runtime.extract import OnePassExtractor
+
+    first = ex.by_kind[kinds[0]]
+    tok = first.llm.tokenizer
+    if isinstance(first, OnePassExtractor):
+        texts = model_texts(ex, kinds, raws)
+    else:
+        texts = [r for k in kinds for r in raws[k] if isinstance(r, str)]
+    return sum(len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts)
+
+
 def extract_quality(raws: dict[str, list], golds: dict[str, list]) -> dict:
     """Per-kind metrics (arbor_train.scoring.training.extraction_metrics) of what the runtime would store:
     each raw output through the runtime's own validation, against the rows' gold (None: the row does not
@@ -385,6 +399,10 @@ def bench_extract(cfg: DictConfig) -> dict:
             raws = extract_turns(ex, kinds, turns, online=False)
             r[f"{label}_batched_s"] = round((time.perf_counter() - t0) / len(turns), 4)
             texts = model_texts(ex, kinds, raws)  # before the online run: a one-pass extractor holds its last batch
+            if label == "branchmem" and kinds and hasattr(ex.by_kind[kinds[0]], "llm"):
+                n = generated_tokens(ex, kinds, raws)
+                r["gen_tokens_per_turn"] = round(n / len(turns), 1)  # what the batched seconds paid for
+                r["ms_per_gen_token"] = round(1000 * r["branchmem_batched_s"] * len(turns) / max(n, 1), 2)
             t0 = time.perf_counter()
             extract_turns(ex, kinds, turns[:single], online=True)
             r[f"{label}_online_s"] = round((time.perf_counter() - t0) / min(single, len(turns)), 4)
@@ -400,7 +418,8 @@ def bench_extract(cfg: DictConfig) -> dict:
     results: dict = {}
     torch.set_num_threads(int(b["threads"]))
     with quiet():
-        results["heuristic"] = {"layout": "heuristic", "lever": "-", **measure(ExtractorSet({}, heur), list(KINDS))}
+        results["heuristic"] = {"layout": "heuristic", "lever": "-", "threads": int(b["threads"]),
+                                **measure(ExtractorSet({}, heur), list(KINDS))}
     combos = [(lay, path, lev, opts) for lay, path in b["layouts"].items() for lev, opts in b["levers"].items()]
     for layout, path, lever, opts in tqdm(combos, desc="layouts x levers", unit="row", disable=None):
         manifest = load_bundle(str(path), role="extractor").manifest

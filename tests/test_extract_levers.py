@@ -120,26 +120,34 @@ def test_a_bad_lever_is_refused_naming_the_option(tiny_bundles, option, value, m
         build_extractor({"kind": "bundle", "path": str(tiny_bundles["kind"]), option: value}, {})
 
 
-def test_the_extract_bench_runs_both_layouts_under_every_lever_at_smoke_size(tiny_bundles, smoke_data):
-    """`eval.bench target=extract` at smoke size on two tiny extractors (one per layout): a row per layout and
-    lever after the heuristic's, each with cost and quality."""
-    from arbor_train.runtime.config import compose
-    from eval.bench import run
+def test_the_extract_bench_table_runs_both_layouts_under_every_lever_at_smoke_size(tiny_bundles, smoke_data, tmp_path):
+    """`python -m eval.compare table=bench_extract` at its smoke size on two tiny extractors (one per layout,
+    meeting the table's bundle needs through the options they name): the published rows, a row per layout
+    and lever after the heuristic's, each with cost and quality, and the published folder left alone."""
+    from eval.tables import GENERATED, load, run_table
 
-    cfg = compose("bench", ["target=extract", f"bench_extract.branchmem_dir={smoke_data}",
-                            f"bench_extract.layouts.kind-conditioned={tiny_bundles['kind']}",
-                            f"bench_extract.layouts.one-pass={tiny_bundles['one_pass']}", "bench_extract.turns=2",
-                            "bench_extract.interactions=2", "bench_extract.single=1", "bench_extract.batch_size=2",
-                            "bench_extract.max_new_tokens={kind: 8, one_pass: 16}"])
-    res = run(cfg)
-    levers = list(cfg.bench_extract.levers)
-    assert list(res["rows"]) == ["heuristic", *[f"{lay}, {lev}" for lay in ("kind-conditioned", "one-pass")
-                                                for lev in levers]]
-    for key, r in res["rows"].items():
-        assert r["branchmem_batched_s"] > 0 and r["locomo_online_s"] > 0, key
+    t = load("bench_extract")
+    published = GENERATED / "bench_extract" / "table.md"
+    before = published.read_text() if published.exists() else None
+    meet = {"bench_extract.branchmem_dir": smoke_data, "bench_extract.layouts.kind-conditioned": tiny_bundles["kind"],
+            "bench_extract.layouts.one-pass": tiny_bundles["one_pass"]}
+    assert sorted(n["option"] for n in t["needs"]) == sorted(meet)
+    res = run_table("bench_extract", [*t["smoke"], *[f"{k}={v}" for k, v in meet.items()]], tmp_path / "table")
+    rows = {r["row"]: r for r in res["rows"]}
+    from arbor_train.runtime.config import compose
+
+    levers = list(compose("bench", ["target=extract"]).bench_extract.levers)
+    assert list(rows) == ["heuristic", *[f"{lay}, {lev}" for lay in ("kind-conditioned", "one-pass") for lev in levers]]
+    for key, r in rows.items():
+        assert all(s > 0 for s in [*r["branchmem_batched_s / branchmem_online_s"],
+                                   *r["locomo_batched_s / locomo_online_s"]]), key
         assert isinstance(r["locomo_fact_f1"], float) and isinstance(r["rouge_l"], float), key
         assert (r["json_validity"] is None) == (key == "heuristic"), key
-    assert res["rows"]["one-pass, 1 thread"]["threads"] == 1
+        assert (r["gen_tokens_per_turn"] is None) == (key == "heuristic"), key
+    assert rows["one-pass, 1 thread"]["threads"] == 1 and rows["one-pass, fp32"]["threads"] == 2
+    if before is not None:
+        assert [line.split("|")[1].strip() for line in before.splitlines()[2:]] == list(rows)
+        assert published.read_text() == before
 
 
 def test_json_validity_counts_every_batched_one_pass_generation():
