@@ -300,29 +300,23 @@ def extract_turns(ex, kinds: list[str], turns: list, online: bool) -> dict[str, 
     return {kind: ex.by_kind[kind].run(kind, turns) for kind in kinds}
 
 
-def model_texts(ex, kinds: list[str], raws: dict[str, list]) -> list[str]:
+def model_texts(ex, kinds: list[str], raws: dict[str, list], summaries: bool = False) -> list[str]:
     """The raw model texts behind these outputs: a one-pass extractor's generations (one per turn, held by
-    it after its last run), or each list kind's text of a kind-conditioned one; none for the heuristic."""
+    it after its last run), or each list kind's text of a kind-conditioned one (and each summary, with
+    `summaries`); none for the heuristic."""
     from arbor_train.runtime.extract import OnePassExtractor
 
     first = ex.by_kind[kinds[0]]
     if isinstance(first, OnePassExtractor):
         return [raw for _, raw in first._last[1]] if first._last else []
-    return [r for k in kinds if k != "summary" for r in raws[k] if isinstance(r, str)]
+    return [r for k in kinds if summaries or k != "summary" for r in raws[k] if isinstance(r, str)]
 
 
 def generated_tokens(ex, kinds: list[str], raws: dict[str, list]) -> int:
-    """Tokens a model extractor generated for these turns, every kind: a one-pass extractor's texts, or each
-    kind's raw text (summaries included), counted with the model's own tokenizer (EOS not counted)."""
-    from arbor_train.runtime.extract import OnePassExtractor
-
-    first = ex.by_kind[kinds[0]]
-    tok = first.llm.tokenizer
-    if isinstance(first, OnePassExtractor):
-        texts = model_texts(ex, kinds, raws)
-    else:
-        texts = [r for k in kinds for r in raws[k] if isinstance(r, str)]
-    return sum(len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts)
+    """Tokens a model extractor generated for these turns, every kind (summaries included), counted with the
+    model's own tokenizer (EOS not counted)."""
+    tok = ex.by_kind[kinds[0]].llm.tokenizer
+    return sum(len(tok(t, add_special_tokens=False)["input_ids"]) for t in model_texts(ex, kinds, raws, summaries=True))
 
 
 def extract_quality(raws: dict[str, list], golds: dict[str, list]) -> dict:
