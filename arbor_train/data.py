@@ -33,6 +33,14 @@ def load_sets(data_dir: str | Path, names: list[str]) -> dict[str, Any]:
     dd = load_from_disk(str(p))
     out = {}
     for n in names:
+        mirror = Path(data_dir) / "jsonl" / f"{n}.jsonl"
+        if n not in dd and mirror.exists() and mirror.stat().st_size == 0:  # a set written with no rows
+            from datasets import Dataset
+
+            from arbor_train.conversations.supervision import SCHEMAS
+
+            out[n] = Dataset.from_list([], features=SCHEMAS[n])
+            continue
         if n not in dd:
             raise InputError(f"data option data_dir={str(data_dir)!r}: set {n!r} missing (has {sorted(dd)})")
         check_dataset(n, dd[n])
@@ -81,6 +89,9 @@ class RerankGroup:
     cands: list[dict]    # the candidate rows behind docs (same order), for baselines
     secondary: int = -1  # a multi-intent turn: index of its secondary gold (a second positive); -1 = none
     golds: list[int] = field(default_factory=list)  # a multi-positive question: every gold index (gold among them)
+    # distilled rows (data_gen.distill): the teacher's score of each doc and of the new-root option (soft targets)
+    soft: list[float] | None = None
+    soft_root: float | None = None
 
 
 def rerank_groups(rows, source: str, group_size: int, include_new_root: bool = True, multi_positive: bool = False,
@@ -126,9 +137,18 @@ def rerank_groups(rows, source: str, group_size: int, include_new_root: bool = T
         texts = [candidate_text(docs[i], as_question) for i in order]
         g = order.index(0) if golds else -1
         many = [g] + [order.index(1 + bool(seconds) + j) for j in range(len(extra))] if extra else []
-        out.append(RerankGroup(r["input"], texts, g, source, [docs[i] for i in order],
-                               order.index(1) if seconds else -1, many))
+        kept = [docs[i] for i in order]
+        soft = soft_root = None
+        if r.get("teacher_new_root") is not None and all(c.get("teacher_score") is not None for c in kept):
+            soft, soft_root = [float(c["teacher_score"]) for c in kept], float(r["teacher_new_root"])
+        out.append(RerankGroup(r["input"], texts, g, source, kept, order.index(1) if seconds else -1, many,
+                               soft, soft_root))
     return out
+
+
+def soft_fields(g: RerankGroup) -> dict:
+    """A group's teacher scores as example fields (nothing when it has none)."""
+    return {} if g.soft is None else {"soft": g.soft, "soft_root": g.soft_root}
 
 
 def encode_groups(groups: list[RerankGroup], tokenizer, max_length: int, pair_features: bool = False,
@@ -143,7 +163,7 @@ def encode_groups(groups: list[RerankGroup], tokenizer, max_length: int, pair_fe
         enc = encode_pairs(tokenizer, [g.query] * len(g.docs), g.docs, max_length)
         ex = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
               "token_type_ids": enc.get("token_type_ids"), "gold": g.gold, "secondary": g.secondary,
-              "golds": g.golds}
+              "golds": g.golds, **soft_fields(g)}
         if pair_features:
             ex["features"], ex["query_features"] = features(g.query, [candidate_of(c) for c in g.cands], extra)
         out.append(ex)
@@ -162,7 +182,7 @@ def encode_groups_llm(groups: list[RerankGroup], tokenizer, max_length: int) -> 
             enc = tokenizer(rerank_prompt(tokenizer, g.query, d), add_special_tokens=False)["input_ids"]
             ids.append(enc[-max_length:])
         out.append({"input_ids": ids, "attention_mask": [[1] * len(x) for x in ids], "gold": g.gold, "golds": g.golds,
-                    "secondary": g.secondary, "left_pad": True})
+                    "secondary": g.secondary, "left_pad": True, **soft_fields(g)})
     return out
 
 
@@ -182,6 +202,10 @@ def collate_groups(batch: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     if width:  # multi-positive groups: every gold index, padded with -1
         out["golds"] = torch.tensor([list(ex.get("golds") or []) + [-1] * (width - len(ex.get("golds") or []))
                                      for ex in batch])
+    if any("soft" in ex for ex in batch):  # teacher scores per pair and per group's new-root option (nan: none)
+        nan = float("nan")
+        out["soft"] = torch.tensor([x for ex in batch for x in (ex.get("soft") or [nan] * len(ex["input_ids"]))])
+        out["soft_root"] = torch.tensor([ex.get("soft_root", nan) for ex in batch])
     if batch and batch[0].get("token_type_ids"):
         out["token_type_ids"] = pad_sequences([t for ex in batch for t in ex["token_type_ids"]], 0, left)
     if batch and "features" in batch[0]:

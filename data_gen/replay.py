@@ -74,6 +74,7 @@ class Step:
     candidates: list[dict]        # the recalled candidates as rows (add_gold appends)
     chosen: int | None            # the turn number the runtime would attach to (None: a new root)
     question: bool = False
+    extraction: Any = None        # set by the miner: the turn is committed with it instead of extracting again
     _at: Localization | None = field(default=None, repr=False)
 
     def add_gold(self, turns) -> None:
@@ -119,7 +120,7 @@ class Replay:
                         self.turn_of.get(loc.parent_id) if loc.parent_id is not None else None, q)
             yield step
             node = self.mem.commit(t["user"], t.get("assistant") or "", step._at or loc, t.get("timestamp"),
-                                   speaker=t.get("speaker"))
+                                   extraction=step.extraction, speaker=t.get("speaker"))
             self.node_of[t["turn"]], self.turn_of[node.id] = node.id, t["turn"]
 
     def localize_question(self, text: str) -> tuple[Localization, list[dict]]:

@@ -106,6 +106,8 @@ class SetWriter:
                 else:
                     table = feats.arrow_schema.empty_table()
                 pq.write_table(table, self.tmp / "parquet" / f"{name}.parquet")
+                if not self.counts[name]:  # `datasets` cannot load an empty split back: the loader makes it
+                    continue               # from the empty JSONL mirror (arbor_train.data.load_sets)
                 ds = Dataset(table, info=DatasetInfo(features=feats))
                 ds._fingerprint = hashlib.sha256(jsonl.read_bytes()).hexdigest()[:16]
                 dd[name] = ds

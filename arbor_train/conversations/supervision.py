@@ -29,11 +29,14 @@ CANDIDATE = {
     # the state's own turn and time (a question's document: Candidate.question_document)
     "state_text": Value("string"),
     "state_time": Value("string"),
+    # distilled rows (data_gen.distill): the teacher's own score of the candidate (its soft target)
+    "teacher_score": Value("float32"),
 }
 # candidate fields a row may leave out or null (sets written before group chats read as one-user rows)
 # (and questions may leave out their specificity: sets written before levels existed are all explicit;
 # only multi-intent turns, their questions and routing rows carry the secondary fields)
-OPTIONAL = {"speaker", "back", "minutes", "state_text", "state_time", "specificity", "gold_secondary", "secondary_branch", "secondary_states"}
+OPTIONAL = {"speaker", "back", "minutes", "state_text", "state_time", "specificity", "gold_secondary", "secondary_branch",
+            "secondary_states", "teacher_score", "teacher_new_root"}
 _BASE = {"session_id": Value("string"), "turn": Value("int32"), "input": Value("string"),
          "timestamp": Value("string")}
 
@@ -58,7 +61,9 @@ SCHEMAS: dict[str, Features] = {
                          # multi-intent turns: the secondary gold (the other branch's latest turn) and its branch's states
                          "gold_secondary": Value("int32"), "secondary_states": Sequence(Value("int32")),
                          "runtime_choice": Value("int32"), "route": Value("string"), "gold_recalled": Value("bool"),
-                         "label_rule": Value("string")}),
+                         "label_rule": Value("string"),
+                         # distilled rows: the teacher's new-root threshold (the score of the new-root option)
+                         "teacher_new_root": Value("float32")}),
     "localization": Features({**_BASE, "candidates": [CANDIDATE], "gold_states": Sequence(Value("int32")),
                               "gold_tip": Value("int32"), "runtime_choice": Value("int32"),
                               "question_type": Value("string"), "dimension": Value("string"),

@@ -304,22 +304,31 @@ class RerankerModule(RoleModule):
     def step_loss(self, batch: dict) -> tuple[torch.Tensor, int, list[torch.Tensor]]:
         """Listwise cross-entropy over each group's candidates and its new-root option. A multi-positive
         group (a multi-intent turn) has a soft target: `task.secondary_weight` of the mass on the secondary
-        gold, the rest on the primary, so the secondary ranks above the negatives and below the parent."""
+        gold, the rest on the primary, so the secondary ranks above the negatives and below the parent.
+        A distilled group (teacher scores, data_gen.distill) adds the KL divergence from the teacher's
+        distribution, softmax(logit(score) / `task.distill.temperature`) over the candidates and the new-root
+        option (its threshold), with weight `task.distill.weight` (the hard loss keeps the rest)."""
         groups = self.group_logits(batch)
         w = float(self.cfg["task"].get("secondary_weight", 0.0))
+        dist = self.cfg["task"].get("distill") or {}
+        kl_w, temp = float(dist.get("weight", 0.0)), float(dist.get("temperature", 1.0))
         seconds = batch["secondary"].tolist() if "secondary" in batch else [-1] * len(groups)
         manys = batch["golds"].tolist() if "golds" in batch else [[]] * len(groups)
+        softs = teacher_targets(batch, temp) if kl_w > 0 and "soft" in batch else [None] * len(groups)
         losses = []
-        for logits, gold, sec, many in zip(groups, batch["gold"].tolist(), seconds, manys):
+        for logits, gold, sec, many, soft in zip(groups, batch["gold"].tolist(), seconds, manys, softs):
             target = len(logits) - 1 if gold < 0 else gold
             logp = F.log_softmax(logits, 0)
             many = [i for i in many if i >= 0]
             if len(many) > 1:  # a question with several evidence states: the mass on any of them
-                losses.append(-torch.logsumexp(logp[many], 0))
+                hard = -torch.logsumexp(logp[many], 0)
             elif sec >= 0 and w > 0 and gold >= 0:
-                losses.append(-((1 - w) * logp[target] + w * logp[sec]))
+                hard = -((1 - w) * logp[target] + w * logp[sec])
             else:
-                losses.append(-logp[target])
+                hard = -logp[target]
+            if soft is not None:
+                hard = (1 - kl_w) * hard + kl_w * (soft * (soft.clamp_min(1e-12).log() - logp)).sum()
+            losses.append(hard)
         return torch.stack(losses).mean(), len(groups), groups
 
     def collect_validation(self, batch: dict, groups: list[torch.Tensor]) -> None:
@@ -339,6 +348,23 @@ class RerankerModule(RoleModule):
     @property
     def threshold(self) -> float:
         return float(torch.sigmoid(self.new_root_logit.detach()))
+
+
+def teacher_targets(batch: dict, temperature: float) -> list[torch.Tensor | None]:
+    """Per group, the teacher's distribution over its candidates and the new-root option (None: no teacher
+    scores): softmax of logit(score) / temperature, the new-root option at the teacher's threshold."""
+    eps = 1e-6
+    out: list[torch.Tensor | None] = []
+    k = 0
+    for i, n in enumerate(batch["group_sizes"].tolist()):
+        s = torch.cat([batch["soft"][k : k + n], batch["soft_root"][i].view(1)]).float()
+        k += n
+        if torch.isnan(s).any():
+            out.append(None)
+            continue
+        s = s.clamp(eps, 1 - eps)
+        out.append(torch.softmax((s.log() - (1 - s).log()) / temperature, 0).to(batch["gold"].device))
+    return out
 
 
 class Reranker(Role):

@@ -51,6 +51,7 @@ class Extraction:
     artifacts: list[dict] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)
     report: ValidationReport = field(default_factory=ValidationReport)
+    raw: dict[str, Any] = field(default_factory=dict)  # kind -> the extractor's output before validation
 
 
 class Extractor(Protocol):
@@ -427,6 +428,7 @@ class ExtractorSet:
                 continue
             raws = self.by_kind[kind].run(kind, turns)
             for ex, raw, t in zip(outs, raws, turns):
+                ex.raw[kind] = raw
                 if kind == "summary":
                     s = raw if isinstance(raw, str) else str(raw)
                     ex.summary = truncate(s, MAX_CHARS - 1) or truncate(t.user_text, 160)

@@ -206,12 +206,25 @@ def yes_no_ids(tokenizer) -> tuple[int, int]:
 
 
 class OpenAIEndpoint:
-    """Any OpenAI-compatible chat endpoint (vLLM's `vllm serve`, llama.cpp server, hosted APIs)."""
+    """Any OpenAI-compatible chat endpoint (vLLM's `vllm serve`, llama.cpp server, `python -m arbor_train.serve`,
+    hosted APIs).
+
+    Each request has a timeout (`timeout_s`) and is retried `max_retries` times with exponential backoff
+    on a connection error, a timeout, 408, 429 or a 5xx answer; another 4xx answer is the request's fault
+    and fails at once, with the endpoint's message. A list of prompts runs up to `concurrency` requests at
+    a time. `usage` counts requests and the prompt and completion tokens the endpoint reported."""
+
+    RETRY_STATUS = (408, 429, 500, 502, 503, 504)
 
     def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", timeout_s: float = 60.0,
-                 max_retries: int = 2):
+                 max_retries: int = 2, concurrency: int = 1, backoff_s: float = 0.5):
+        import threading
+        from collections import Counter
+
         if not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"answer/LLM option base_url must start with http:// or https://, got {base_url!r}")
+        if not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigError(f"LLM option concurrency must be an integer of at least 1, got {concurrency!r}")
         self.base_url = base_url.rstrip("/")
         self.name = model
         self.cache_id = f"openai:{self.base_url}|{model}"  # another endpoint serving the same name is another model
@@ -219,51 +232,157 @@ class OpenAIEndpoint:
         self.api_key = os.environ.get(api_key_env, "EMPTY")
         self.timeout_s = timeout_s
         self.max_retries = max_retries
+        self.concurrency = concurrency
+        self.backoff_s = backoff_s
+        self.usage: Counter = Counter()
+        self._lock = threading.Lock()
 
     def _post(self, payload: dict) -> dict:
+        import time
+
         req = urllib.request.Request(
             self.base_url + "/chat/completions",
             data=json.dumps(payload).encode(),
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.api_key}"},
         )
         last: Exception | None = None
-        for _ in range(self.max_retries + 1):
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
-                    return json.loads(r.read())
-            except (urllib.error.URLError, TimeoutError) as e:  # retried, then raised with the URL
+                    out = json.loads(r.read())
+                u = out.get("usage") or {}
+                with self._lock:
+                    self.usage["requests"] += 1
+                    self.usage["prompt_tokens"] += int(u.get("prompt_tokens") or 0)
+                    self.usage["completion_tokens"] += int(u.get("completion_tokens") or 0)
+                return out
+            except urllib.error.HTTPError as e:
+                detail = e.read()[:300].decode("utf-8", "replace")
+                if e.code not in self.RETRY_STATUS:  # the request's own fault: retrying cannot help
+                    raise ConnectionError(f"OpenAI-compatible endpoint {self.base_url} refused the request "
+                                          f"(HTTP {e.code}): {detail}") from None
                 last = e
-        raise ConnectionError(f"OpenAI-compatible endpoint {self.base_url} failed: {last}")
+            except (urllib.error.URLError, TimeoutError, ConnectionError, json.JSONDecodeError) as e:
+                last = e  # retried, then raised with the URL
+            with self._lock:
+                self.usage["retries"] += attempt < self.max_retries
+        raise ConnectionError(f"OpenAI-compatible endpoint {self.base_url} failed after {self.max_retries + 1} "
+                              f"tries: {last}")
+
+    def _map(self, fn, items: list) -> list:
+        if self.concurrency == 1 or len(items) < 2:
+            return [fn(x) for x in items]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(self.concurrency, len(items))) as pool:
+            return list(pool.map(fn, items))
 
     def chat(self, conversations: list[list[dict]], max_new_tokens: int = 256) -> list[str]:
-        out = []
-        for messages in conversations:
+        def one(messages):
             r = self._post({"model": self.model, "messages": messages, "max_tokens": max_new_tokens,
                             "temperature": 0.0})
-            out.append((r["choices"][0]["message"].get("content") or "").strip())
-        return out
+            return (r["choices"][0]["message"].get("content") or "").strip()
+
+        return self._map(one, conversations)
 
     def yes_probability(self, conversations: list[list[dict]]) -> list[float]:
-        out = []
-        for messages in conversations:
-            r = self._post({"model": self.model, "messages": messages, "max_tokens": 1, "temperature": 0.0,
-                            "logprobs": True, "top_logprobs": 10})
-            choice = r["choices"][0]
-            lp = {"yes": -math.inf, "no": -math.inf}
-            content = ((choice.get("logprobs") or {}).get("content") or [])
-            if content:
-                for cand in content[0].get("top_logprobs", []):
-                    tok = cand["token"].strip().lower()
-                    if tok in lp and cand["logprob"] > lp[tok]:
-                        lp[tok] = cand["logprob"]
-            if lp["yes"] == -math.inf and lp["no"] == -math.inf:  # endpoint without logprobs: use the text
-                text = (choice["message"].get("content") or "").strip().lower()
-                out.append(1.0 if text.startswith("yes") else 0.0)
-                continue
-            m = max(lp.values())
-            ey, en = math.exp(lp["yes"] - m), math.exp(lp["no"] - m)
-            out.append(ey / (ey + en))
-        return out
+        return self._map(self._yes_one, conversations)
+
+    def _yes_one(self, messages: list[dict]) -> float:
+        r = self._post({"model": self.model, "messages": messages, "max_tokens": 1, "temperature": 0.0,
+                        "logprobs": True, "top_logprobs": 10})
+        choice = r["choices"][0]
+        lp = {"yes": -math.inf, "no": -math.inf}
+        content = ((choice.get("logprobs") or {}).get("content") or [])
+        if content:
+            for cand in content[0].get("top_logprobs", []):
+                tok = cand["token"].strip().lower()
+                if tok in lp and cand["logprob"] > lp[tok]:
+                    lp[tok] = cand["logprob"]
+        if lp["yes"] == -math.inf and lp["no"] == -math.inf:  # endpoint without logprobs: use the text
+            text = (choice["message"].get("content") or "").strip().lower()
+            return 1.0 if text.startswith("yes") else 0.0
+        m = max(lp.values())
+        ey, en = math.exp(lp["yes"] - m), math.exp(lp["no"] - m)
+        return ey / (ey + en)
+
+
+class RecordedLLM:
+    """A backend whose every call goes through a disk cache (data_gen.distill's teacher).
+
+    A call is keyed by the backend's identity (`cache_id`), the method, the generation length and the exact
+    messages (kvcache.cache_key), and its answer is written to SQLite as soon as it returns, so a killed
+    run that is started again repeats no call it had finished. Prompts an endpoint answers one at a time
+    run `concurrency` at a time (a bounded pool); a local model gets its own batches. `stats` counts the
+    calls made (`calls`), the ones answered from the cache (`cached`) and, of those, the ones an earlier
+    run made (`reused`: keys not in `written`, the set of keys this run wrote, shared by the wrappers of
+    one run); `on_call()` runs after each call (a progress bar)."""
+
+    def __init__(self, llm, cache, stats, concurrency: int = 1, on_call=None, written: set | None = None):
+        self.llm, self.cache, self.stats = llm, cache, stats
+        self.written = set() if written is None else written
+        self.name = llm.name
+        self.cache_id = getattr(llm, "cache_id", None) or llm.name
+        self.concurrency = concurrency
+        self.on_call = on_call
+        self.tokenizer = getattr(llm, "tokenizer", None)
+
+    def chat(self, conversations: list[list[dict]], max_new_tokens: int = 256) -> list[str]:
+        return self._calls("chat", conversations, max_new_tokens, lambda ms: self.llm.chat(ms, max_new_tokens))
+
+    def yes_probability(self, conversations: list[list[dict]]) -> list[float]:
+        return self._calls("yes", conversations, 1, self.llm.yes_probability)
+
+    def _count_local(self, msgs: list[list[dict]], outs: list) -> None:
+        """Tokens of a local model's calls (an endpoint reports its own: OpenAIEndpoint.usage)."""
+        if self.tokenizer is None or isinstance(self.llm, OpenAIEndpoint):
+            return
+        for m, o in zip(msgs, outs):
+            self.stats["prompt_tokens"] += len(self.tokenizer(self.llm.render(m), add_special_tokens=False)["input_ids"])
+            if isinstance(o, str):
+                self.stats["completion_tokens"] += len(self.tokenizer(o, add_special_tokens=False)["input_ids"])
+            else:
+                self.stats["completion_tokens"] += 1
+
+    def _calls(self, method: str, conversations: list[list[dict]], n: int, fn) -> list:
+        from .kvcache import cache_key
+
+        keys = [cache_key(self.cache_id, method, n, m) for m in conversations]
+        have = {k: json.loads(v) for k, v in self.cache.get_many(sorted(set(keys))).items()}
+        self.stats["cached"] += sum(k in have for k in keys)
+        self.stats["reused"] += sum(k in have and k not in self.written for k in keys)
+        todo = list({k: m for k, m in zip(keys, conversations) if k not in have}.items())
+
+        def done(part: list, outs: list) -> None:
+            self.cache.put_many([(k, json.dumps(o)) for (k, _), o in zip(part, outs)])
+            self.written.update(k for k, _ in part)
+            have.update({k: o for (k, _), o in zip(part, outs)})
+            self.stats["calls"] += len(part)
+            self._count_local([m for _, m in part], outs)
+            if self.on_call is not None:
+                self.on_call()
+
+        if isinstance(self.llm, OpenAIEndpoint) and self.concurrency > 1 and len(todo) > 1:
+            from concurrent.futures import ThreadPoolExecutor, as_completed
+
+            with ThreadPoolExecutor(min(self.concurrency, len(todo))) as pool:
+                futures = {pool.submit(fn, [m]): (k, m) for k, m in todo}
+                failed: Exception | None = None
+                for f in as_completed(futures):
+                    if f.exception() is not None:  # the others still finish and are kept
+                        failed = failed or f.exception()
+                        continue
+                    done([futures[f]], f.result())  # written at once: a kill loses no finished call
+            if failed is not None:
+                raise failed
+        else:
+            step = 1 if isinstance(self.llm, OpenAIEndpoint) else max(1, getattr(self.llm, "batch_size", 1))
+            for i in range(0, len(todo), step):
+                part = todo[i : i + step]
+                done(part, fn([m for _, m in part]))
+        return [have[k] for k in keys]
 
 
 def build_llm(cfg) -> LLM:

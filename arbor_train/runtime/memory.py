@@ -201,13 +201,13 @@ def build_components(cfg: dict) -> dict:
     return {
         "embedder": build_embedder(cfg["embedder"]),
         "reranker": build_reranker(cfg["reranker"]),
-        "extractors": ExtractorSet(cfg["extractors"], cfg["heuristics"], enabled=_enabled_kinds(cfg)),
+        "extractors": ExtractorSet(cfg["extractors"], cfg["heuristics"], enabled=enabled_kinds(cfg)),
         "tagger": build_tagger(cfg["tagger"], cfg["ontology"]),
         "counter": TokenCounter(cfg["context"]["tokenizer"]),
     }
 
 
-def _enabled_kinds(cfg: dict) -> list[str]:
+def enabled_kinds(cfg: dict) -> list[str]:
     kinds = ["summary", "entities", "facts"]
     if cfg["ablation"]["structured_extraction"]:
         kinds += ["states", "artifacts", "events"]

@@ -41,11 +41,20 @@ class LLMTagger:
         self.llm, self.labels, self.name = llm, labels, f"prompted:{llm.name}"
 
     def predict(self, texts: list[str]) -> list[list[str]]:
+        return [tags for tags, _, _ in self.predict_checked(texts)]
+
+    def predict_checked(self, texts: list[str]) -> list[tuple[list[str], ValidationReport, str]]:
+        """Per text: the tags (ontology labels only), the validation report of the output, and the raw output
+        (data_gen.distill keeps a teacher's tags only where its output was valid)."""
         raws = self.llm.chat([tag_messages(t, self.labels) for t in texts], max_new_tokens=48)
         out = []
         for raw in raws:
-            tags = validate_strings(raw, "tags", ValidationReport())
-            out.append([t for t in tags if t in self.labels])
+            report = ValidationReport()
+            tags = validate_strings(raw, "tags", report)
+            unknown = [t for t in tags if t not in self.labels]
+            if unknown:
+                report.warn("tags", f"labels outside the ontology dropped: {unknown[:3]}")
+            out.append(([t for t in tags if t in self.labels], report, raw))
         return out
 
 

@@ -1,0 +1,323 @@
+"""python -m data_gen.distill input=chats.jsonl teacher=openai out_dir=outputs/data/distilled [heldout=0.25]
+
+A teacher's labels for your own conversations: each conversation of a conversation file
+(docs/reference/conversation_files.md) is replayed online through the runtime with the teacher's
+components (conf/teacher: every role prompted through an OpenAI-compatible endpoint, a local model, or
+any runtime components such as tuned bundles), and what the teacher decided becomes training rows in
+the schemas the roles already train on (arbor_train/conversations/supervision.py):
+
+- routing: every turn the teacher's router scored, with the runtime's recalled candidates, the teacher's
+  score of each (`teacher_score`, the soft target) and of the new-root option (`teacher_new_root`, its
+  threshold), labelled with the teacher's top choice (`label_rule: teacher`). The reranker trains on the
+  choice, or on the whole distribution with `task.distill.weight` (listwise KL, arbor_train/roles/reranker.py);
+- extraction: per turn, the teacher's output of every kind that passed the runtime's own validation (a
+  kind the validation rejected is left out of the row, counted, and listed with its reason in
+  dropped.jsonl; a row with no kind left is not written);
+- tags: the teacher tagger's labels for the turn's message, where its output was valid.
+
+Every turn is committed where the teacher routed it, with the teacher's extraction, so later candidates
+come from the teacher's own forest. File labels (`parent`) are not used: the teacher labels every turn.
+
+Teacher calls go through a disk cache (arbor_train.runtime.llm.RecordedLLM) written call by call, so a
+killed run started again with the same command repeats no finished call; the card reports calls made,
+calls answered from the cache, tokens, wall time, the estimated cost and the drops.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import Counter
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from arbor_train.errors import ConfigError, OutputExistsError, entry_point, parse_bool, parse_float, parse_int
+from arbor_train.paths import CONF_DIR
+
+SETS = ("routing", "extraction", "tags")
+TEACHER_ROUTES = ("rerank", "temporal_return")  # routes the teacher's router decided (others: cues, no scores)
+
+
+def reason_of(message: str) -> str:
+    """A validation message as a countable reason: item numbers, quoted values and counts left out."""
+    kind, _, msg = message.partition(": ")
+    msg = re.sub(r"item \d+: ", "", msg)
+    if msg.startswith("invalid JSON"):  # the rest is the output itself (dropped.jsonl keeps it)
+        msg = "invalid JSON"
+    return f"{kind}: {re.sub(r'[0-9]+', 'N', msg)}"
+
+
+def record_calls(comps: dict, cache, stats: Counter, on_call=None) -> list:
+    """Route every LLM call of the teacher's components through one disk cache (RecordedLLM); returns the
+    wrapped backends. Components without an LLM (a tuned cross-encoder, the heuristics) are left as they are:
+    they are local and deterministic."""
+    from arbor_train.runtime.extract import LLMExtractor
+    from arbor_train.runtime.llm import RecordedLLM
+    from arbor_train.runtime.rerank import PromptedReranker
+    from arbor_train.runtime.tags import LLMTagger
+
+    wrapped: dict[int, RecordedLLM] = {}
+    written: set[str] = set()
+
+    def wrap(llm):
+        if id(llm) not in wrapped:
+            wrapped[id(llm)] = RecordedLLM(llm, cache, stats, getattr(llm, "concurrency", 1), on_call, written)
+        return wrapped[id(llm)]
+
+    owners = [comps["reranker"], comps["tagger"], *comps["extractors"].by_kind.values()]
+    for o in {id(o): o for o in owners}.values():  # kinds with the same options share one extractor
+        if isinstance(o, (PromptedReranker, LLMTagger, LLMExtractor)):
+            o.llm = wrap(o.llm)
+    return list(wrapped.values())
+
+
+def endpoint_usage(recorded: list) -> Counter:
+    """Tokens and requests the teacher's endpoints reported (each endpoint once)."""
+    from arbor_train.runtime.llm import OpenAIEndpoint
+
+    total: Counter = Counter()
+    for ep in {id(r.llm): r.llm for r in recorded if isinstance(r.llm, OpenAIEndpoint)}.values():
+        total.update(ep.usage)
+    return total
+
+
+def extraction_row(base: dict, assistant: str, ex, kinds: list[str], drops: list[dict]) -> dict | None:
+    """The teacher's extraction of one turn as a training row: every enabled kind whose output passed the
+    runtime's validation (repairs such as a removed fence are kept, as the runtime keeps them); a rejected
+    kind is appended to `drops` with its reasons. None when no kind is left."""
+    from arbor_train.prompts import extract_target
+
+    rejected: dict[str, list[str]] = {}
+    for msg in ex.report.rejected:
+        rejected.setdefault(msg.split(": ", 1)[0], []).append(msg)
+    target, summary = {}, ""
+    for kind in kinds:
+        if kind == "summary":
+            raw = ex.raw.get("summary")
+            if isinstance(raw, str) and raw.strip():
+                summary = ex.summary
+            else:
+                rejected["summary"] = ["summary: empty output"]
+        elif kind not in rejected:
+            target[kind] = getattr(ex, kind)
+    for kind, msgs in rejected.items():
+        drops.append({**{k: base[k] for k in ("session_id", "turn")}, "set": "extraction", "kind": kind,
+                      "reasons": msgs, "raw": str(ex.raw.get(kind, ""))[:500]})
+    if not target and not summary:
+        return None
+    return {**base, "assistant": assistant, "target": extract_target("commit", target), "summary": summary}
+
+
+def prefetch(comps: dict, turns: list[dict], kinds: list[str]) -> None:
+    """Ask the teacher for every turn's extraction and tags up front, each kind as one list of prompts, so an
+    endpoint gets them `concurrency` at a time (they do not depend on the forest; routing does, and stays
+    turn by turn). The answers land in the call cache, where the replay's own calls find them."""
+    from arbor_train.prompts import extract_messages, tag_messages
+    from arbor_train.runtime.extract import SUMMARY_TOKENS, LLMExtractor, OnePassExtractor
+    from arbor_train.runtime.tags import LLMTagger
+
+    for kind in kinds:
+        ex = comps["extractors"].by_kind[kind]
+        if isinstance(ex, LLMExtractor) and not isinstance(ex, OnePassExtractor) and ex.constraint is None:
+            ex.llm.chat([extract_messages(kind, t["user"], t.get("assistant") or "", t.get("timestamp")) for t in turns],
+                        SUMMARY_TOKENS if kind == "summary" else ex.max_new_tokens)
+    tagger = comps["tagger"]
+    if isinstance(tagger, LLMTagger):
+        tagger.llm.chat([tag_messages(t["user"], tagger.labels) for t in turns], max_new_tokens=48)
+
+
+def distill_conversation(conv_id: str, turns: list[dict], runtime_cfg: dict, comps: dict, rows_from: int,
+                         rows: dict[str, list[dict]], drops: list[dict], counts: Counter, teacher: str,
+                         on_turn=None) -> None:
+    """One conversation through the teacher: rows for its turns from position `rows_from` on (earlier turns
+    are context), appended to `rows` and `drops`."""
+    from arbor_train.runtime.extract import TurnInput
+    from arbor_train.runtime.memory import enabled_kinds
+    from data_gen.replay import Replay
+
+    kinds = enabled_kinds(runtime_cfg)
+    checked = getattr(comps["tagger"], "predict_checked", None)
+    prefetch(comps, turns, kinds)
+    with Replay(conv_id, runtime_cfg, comps) as rp:
+        threshold = rp.mem.new_root_threshold
+        for step in rp.steps(turns):
+            t, loc = step.turn, step.loc
+            ex = comps["extractors"].extract([TurnInput(t["user"], t.get("assistant") or "", t.get("timestamp"))])[0]
+            step.extraction = ex  # committed with the teacher's own extraction (no second call)
+            if step.pos >= rows_from:
+                base = {"session_id": conv_id, "turn": t["turn"], "input": t["user"], "timestamp": t.get("timestamp")}
+                counts["turns"] += 1
+                cands = step.candidates
+                if loc.route in TEACHER_ROUTES and cands:
+                    for c in cands:
+                        c["teacher_score"] = c["runtime_score"]
+                    best = -1 if loc.parent_id is None else cands[0]["turn"]  # candidates: best first
+                    rows["routing"].append({**base, "candidates": cands, "gold_parent": best,
+                                            "gold_states": [] if best < 0 else [best],
+                                            "runtime_choice": -1 if step.chosen is None else step.chosen,
+                                            "route": loc.route, "gold_recalled": True, "label_rule": "teacher",
+                                            "teacher_new_root": float(threshold)})
+                    counts["new_root"] += best < 0
+                else:
+                    counts[f"routing_no_scores_{loc.route}"] += 1
+                row = extraction_row(base, t.get("assistant") or "", ex, kinds, drops)
+                if row is not None:
+                    rows["extraction"].append(row)
+                if checked is not None:
+                    tags, report, raw = checked([t["user"]])[0]
+                    if report.rejected:
+                        drops.append({"session_id": conv_id, "turn": t["turn"], "set": "tags", "kind": "tags",
+                                      "reasons": list(report.rejected), "raw": str(raw)[:500]})
+                    else:
+                        rows["tags"].append({**base, "source": "turn", "tags": tags})
+                else:
+                    rows["tags"].append({**base, "source": "turn", "tags": comps["tagger"].predict([t["user"]])[0]})
+            if on_turn is not None:
+                on_turn()
+
+
+def card(stats: dict) -> str:
+    c = stats["calls"]
+    lines = [f"# Distilled supervision: {stats['teacher']}", "",
+             f"Source: {stats['source']}. Made by `python -m data_gen.distill` with teacher `{stats['teacher']}` "
+             f"({stats['teacher_model']}).", "",
+             "| split | conversations | turns | routing rows | new-root rows | extraction rows | tag rows |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, s in stats["splits"].items():
+        lines.append(f"| {name} | {s['conversations']} | {s['turns']} | {s['routing']} | {s['new_root']} | "
+                     f"{s['extraction']} | {s['tags']} |")
+    lines += ["", "| teacher calls made | calls reused from an earlier run | prompt tokens | completion tokens | "
+              "wall s | estimated cost |", "|---:|---:|---:|---:|---:|---:|",
+              f"| {c['calls']} | {c['reused']} | {c['prompt_tokens']} | {c['completion_tokens']} | "
+              f"{stats['wall_s']} | {stats['cost']:.4f} |", "",
+              "Tokens are those of the calls made by this run, as the endpoint reported them (a local model: counted "
+              "with its tokenizer).", ""]
+    drops = stats["dropped"]
+    if drops:
+        lines += [f"Teacher outputs the runtime's validation rejected ({sum(drops.values())}; each one is in "
+                  "dropped.jsonl with the turn and the output):", "", "| set / reason | count |", "|---|---:|"]
+        lines += [f"| {k} | {v} |" for k, v in sorted(drops.items(), key=lambda kv: (-kv[1], kv[0]))]
+    else:
+        lines.append("No teacher output was rejected.")
+    skipped = {k: v for k, v in stats["turns_without_routing"].items() if v}
+    if skipped:
+        lines += ["", "Turns without a routing row (the runtime routed them without the teacher's scores): "
+                  + ", ".join(f"{k} {v}" for k, v in sorted(skipped.items())) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def run(cfg: DictConfig) -> dict:
+    from arbor_train.conversations.io import quiet
+
+    with quiet():
+        return _run(cfg)
+
+
+def _run(cfg: DictConfig) -> dict:
+    from tqdm import tqdm
+
+    from arbor_train.conversations.files import load_conversations
+    from arbor_train.conversations.io import write_sets
+    from arbor_train.runtime import build_components
+    from arbor_train.runtime.config import label as runtime_label
+    from arbor_train.runtime.config import runtime_config
+    from arbor_train.runtime.kvcache import SqliteKV
+    from data_gen.conversations import numbered, split
+
+    for key, what in (("input", "a conversation file: docs/reference/conversation_files.md"),
+                      ("out_dir", "the folder the rows are written to")):
+        if OmegaConf.is_missing(cfg, key) or not cfg[key]:
+            raise ConfigError(f"option {key} ({what}) is required")
+    overwrite, progress = parse_bool(cfg.overwrite, "overwrite"), parse_bool(cfg.progress, "progress")
+    share = parse_float(cfg.heldout, "heldout", minimum=0.0)
+    if share >= 1.0:
+        raise ConfigError(f"option heldout is the share of conversations held out, in [0, 1), got {cfg.heldout!r}")
+    seed = parse_int(cfg.seed, "seed")
+    max_convs = None if cfg.max_conversations is None else parse_int(cfg.max_conversations, "max_conversations", 1)
+    max_turns = None if cfg.max_turns is None else parse_int(cfg.max_turns, "max_turns", 1)
+    price = {k: parse_float(cfg.price[k], f"price.{k}", minimum=0.0) for k in ("prompt", "completion")}
+    out = Path(str(cfg.out_dir))
+    if (out / "README.md").exists() and not overwrite:  # a finished run; a killed one (no card) resumes
+        raise OutputExistsError(f"out_dir={str(out)!r} holds a finished distillation; pass overwrite=true to "
+                                "replace it (its teacher-call cache is reused)")
+    convs = load_conversations(str(cfg.input), dict(cfg.runtime.limits))  # the whole file checked first
+    convs = convs[:max_convs] if max_convs else convs
+    parts = split(convs, share, seed)
+    runtime_cfg = runtime_config(OmegaConf.to_container(cfg, resolve=True))
+    teacher = runtime_label(runtime_cfg)
+    comps = build_components(runtime_cfg)
+    cache = SqliteKV(cfg.cache or out / "teacher_calls.sqlite", table="calls", value="answer")
+    calls: Counter = Counter()
+    total_turns = sum(min(hi, max_turns or hi) for p in parts.values() for _, _, hi in p)
+    bar = tqdm(total=total_turns, desc="distill", unit="turn", disable=not progress)
+    recorded: list = []
+
+    def show() -> None:
+        u = endpoint_usage(recorded)
+        tokens = calls["prompt_tokens"] + calls["completion_tokens"] + u["prompt_tokens"] + u["completion_tokens"]
+        cost = ((calls["prompt_tokens"] + u["prompt_tokens"]) * price["prompt"]
+                + (calls["completion_tokens"] + u["completion_tokens"]) * price["completion"]) / 1e6
+        bar.set_postfix(calls=calls["calls"], reused=calls["reused"], tokens=tokens, cost=f"{cost:.4f}", refresh=False)
+
+    recorded += record_calls(comps, cache, calls, on_call=show)
+    model = sorted({r.name for r in recorded}) or [getattr(comps["reranker"], "name", "?")]
+    stats: dict = {"teacher": teacher, "teacher_model": ", ".join(model), "source": str(cfg.input), "heldout": share,
+                   "seed": seed, "splits": {}, "dropped": Counter(), "turns_without_routing": Counter()}
+    t0 = time.perf_counter()
+    written: dict[str, tuple[dict, dict]] = {}
+    drops: list[dict] = []
+    try:
+        for name, items in parts.items():
+            rows: dict[str, list[dict]] = {s: [] for s in SETS}
+            counts: Counter = Counter()
+            for conv, lo, hi in items:
+                hi = min(hi, max_turns or hi)
+                if lo >= hi:
+                    continue
+                distill_conversation(conv.conversation_id, numbered(conv)[:hi], runtime_cfg, comps, lo, rows, drops,
+                                     counts, teacher, on_turn=lambda: (bar.update(1), show()))
+            if not any(rows.values()):
+                raise ConfigError(f"input={cfg.input}: the {name} split gave no rows (every teacher output was "
+                                  "rejected, or no turn was left: see max_turns)")
+            stats["splits"][name] = {"conversations": len(items), "turns": counts["turns"], "new_root": counts["new_root"],
+                                     **{s: len(rows[s]) for s in SETS}}
+            for k, v in counts.items():
+                if k.startswith("routing_no_scores_"):
+                    stats["turns_without_routing"][k.removeprefix("routing_no_scores_")] += v
+            written[name] = (rows, counts)
+    finally:
+        bar.close()
+    for d in drops:
+        for r in d["reasons"]:
+            stats["dropped"][f"{d['set']} / {reason_of(r)}"] += 1
+    u = endpoint_usage(recorded)
+    calls.update({"prompt_tokens": u["prompt_tokens"], "completion_tokens": u["completion_tokens"]})
+    stats["calls"] = {k: calls[k] for k in ("calls", "cached", "reused", "prompt_tokens", "completion_tokens")}
+    stats["cost"] = (calls["prompt_tokens"] * price["prompt"] + calls["completion_tokens"] * price["completion"]) / 1e6
+    stats["wall_s"] = round(time.perf_counter() - t0, 1)
+    stats["dropped"], stats["turns_without_routing"] = dict(stats["dropped"]), dict(stats["turns_without_routing"])
+    for name, (rows, _) in written.items():  # an earlier killed run may have left a split half-written
+        write_sets(out / name, rows, dict(stats["splits"][name], source=str(cfg.input), split=name, teacher=teacher),
+                   f"# {name}\n\nRows the teacher `{teacher}` labelled ({name}); see ../README.md.\n", True)
+    with open(out / "dropped.jsonl", "w", encoding="utf-8") as f:
+        for d in drops:
+            f.write(json.dumps(d, ensure_ascii=False, sort_keys=True) + "\n")
+    (out / "stats.json").write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n")
+    text = card(stats)
+    (out / "README.md").write_text(text)  # last: its presence marks a finished run
+    cache.close()
+    print(text)
+    return stats
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="distill", version_base="1.3")
+@entry_point
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,278 @@
+"""Distillation (python -m data_gen.distill): a teacher's labels for conversation files, its call cache and
+resume, the dropped outputs, the reranker's soft targets, and the loopback OpenAI-compatible server
+(python -m arbor_train.serve) the tutorial runs against."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import torch
+
+from arbor_train.paths import REPO_ROOT
+from arbor_train.prompts import EXTRACT_INSTRUCTIONS, TAG_INSTRUCTION
+
+EXAMPLE = REPO_ROOT / "docs" / "examples" / "chats.jsonl"
+ENV = dict(os.environ, WANDB_MODE="offline")
+
+
+# ---------------------------------------------------------------------- a scripted teacher on loopback
+class ScriptedTeacher(BaseHTTPRequestHandler):
+    """An OpenAI-compatible endpoint that answers by prompt kind: the router's p(yes) from logprobs, valid JSON
+    for every extraction kind except `facts` (not JSON at all) and `events` (an item without its fields),
+    and tags with one label outside the ontology."""
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.requests.append(req)
+        text = req["messages"][-1]["content"]
+        if req.get("logprobs"):
+            yes = -0.1 if "budget" in text.lower() else -2.0
+            choice = {"message": {"content": "yes"}, "logprobs": {"content": [
+                {"token": "yes", "logprob": yes, "top_logprobs": [{"token": "yes", "logprob": yes},
+                                                                  {"token": "no", "logprob": -1.0}]}]}}
+        else:
+            if text.startswith(EXTRACT_INSTRUCTIONS["facts"]):
+                out = "Sure! The facts are: Ana likes tea."
+            elif text.startswith(EXTRACT_INSTRUCTIONS["events"]):
+                out = '[{"note": "no fields"}]'
+            elif text.startswith(EXTRACT_INSTRUCTIONS["summary"]):
+                out = "The user talks about a plan."
+            elif text.startswith(TAG_INSTRUCTION.split("{")[0]):
+                out = '["money", "weather"]'
+            elif text.startswith(EXTRACT_INSTRUCTIONS["entities"]):
+                out = '["Ana"]'
+            else:
+                out = "[]"
+            choice = {"message": {"content": out}}
+        body = json.dumps({"choices": [choice], "usage": {"prompt_tokens": 10, "completion_tokens": 2}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def scripted():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), ScriptedTeacher)
+    srv.requests = []
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv
+    srv.shutdown()
+
+
+def distill_cfg(*overrides: str):
+    from arbor_train.runtime.config import compose
+
+    return compose("distill", ["progress=false", *overrides])
+
+
+def small_file(tmp_path: Path, turns: int = 5) -> Path:
+    rows = [json.loads(line) for line in EXAMPLE.read_text().splitlines()]
+    keep = [r for r in rows if r["conversation_id"] in ("smoke-000000", "smoke-000001")]
+    by: dict = {}
+    for r in keep:
+        if len(by.setdefault(r["conversation_id"], [])) < turns:
+            by[r["conversation_id"]].append(r)
+    path = tmp_path / "chats.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for rs in by.values() for r in rs))
+    return path
+
+
+def test_teacher_outputs_become_rows_and_rejected_ones_are_dropped_with_their_reason(tmp_path, scripted):
+    from data_gen.distill import run
+
+    out = tmp_path / "out"
+    stats = run(distill_cfg(f"input={small_file(tmp_path)}", f"out_dir={out}", "heldout=0.5",
+                            f"runtime.teacher_llm.base_url=http://127.0.0.1:{scripted.server_port}/v1"))
+    rows = {s: [json.loads(x) for x in (out / "train" / "jsonl" / f"{s}.jsonl").read_text().splitlines()]
+            for s in ("routing", "extraction", "tags")}
+    # every turn: an extraction row without the rejected kinds; the valid ones as the runtime validated them
+    assert len(rows["extraction"]) == 5
+    for r in rows["extraction"]:
+        target = json.loads(r["target"])
+        assert set(target) == {"entities", "states", "artifacts"} and target["entities"] == ["Ana"]
+        assert r["summary"] == "The user talks about a plan."
+    # tags: the label outside the ontology is dropped from the row (a repair, not a rejection)
+    assert [r["tags"] for r in rows["tags"]] == [["money"]] * 5
+    # routing: the turns the teacher scored, each candidate with the teacher's score, the best one the label
+    assert rows["routing"] and all(r["label_rule"] == "teacher" for r in rows["routing"])
+    for r in rows["routing"]:
+        scores = [c["teacher_score"] for c in r["candidates"]]
+        assert scores == sorted(scores, reverse=True)
+        best = r["candidates"][0]
+        assert r["gold_parent"] == (best["turn"] if best["teacher_score"] >= r["teacher_new_root"] else -1)
+    budget = math.exp(-0.1) / (math.exp(-0.1) + math.exp(-1.0))
+    assert any(c["teacher_score"] == pytest.approx(budget, abs=1e-5) for r in rows["routing"] for c in r["candidates"])
+    # the drops: every turn of both splits, facts (not JSON) and events (fields missing), named and counted
+    drops = [json.loads(x) for x in (out / "dropped.jsonl").read_text().splitlines()]
+    assert Counter(d["kind"] for d in drops) == {"facts": 10, "events": 10}
+    assert all(d["session_id"].startswith("smoke-") and d["turn"] >= 1 for d in drops)
+    assert stats["dropped"] == {"extraction / facts: invalid JSON": 10, "extraction / events: missing 'action'": 10}
+    card = (out / "README.md").read_text()
+    assert "| extraction / facts: invalid JSON | 10 |" in card
+    # each distinct prompt was asked once: the requests the endpoint saw are the calls the card counts
+    assert stats["calls"]["calls"] == len(scripted.requests) == len({json.dumps(r, sort_keys=True)
+                                                                     for r in scripted.requests})
+    assert stats["calls"]["prompt_tokens"] == 10 * len(scripted.requests)
+
+
+def test_a_finished_run_is_kept_and_a_bad_file_writes_nothing(tmp_path, scripted):
+    from arbor_train.errors import InputError, OutputExistsError
+    from data_gen.distill import run
+
+    out = tmp_path / "out"
+    url = f"runtime.teacher_llm.base_url=http://127.0.0.1:{scripted.server_port}/v1"
+    run(distill_cfg(f"input={small_file(tmp_path, 3)}", f"out_dir={out}", url))
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.suffix != ".sqlite"}
+    with pytest.raises(OutputExistsError, match="finished distillation"):
+        run(distill_cfg(f"input={small_file(tmp_path, 3)}", f"out_dir={out}", url))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"user": "hi"}\n{"user": 3}\n')
+    p = subprocess.run([sys.executable, "-m", "data_gen.distill", f"input={bad}", f"out_dir={out}", "overwrite=true",
+                        url], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env=ENV)
+    assert p.returncode == 2 and "Traceback" not in p.stderr + p.stdout
+    assert p.stderr.strip().splitlines()[-1].startswith(f"error: {bad}: turn 2 (line 2): field 'user'")
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.suffix != ".sqlite"} == before
+    with pytest.raises(InputError):
+        run(distill_cfg(f"input={bad}", f"out_dir={tmp_path / 'other'}", url))
+    assert not (tmp_path / "other").exists()
+
+
+# ---------------------------------------------------------------------- soft targets in the reranker's loss
+def test_distilled_rows_carry_the_teachers_distribution_into_the_listwise_loss():
+    from arbor_train import data as D
+    from arbor_train.roles.reranker import teacher_targets
+
+    cand = {"topic_key": "t", "path_summary": "p", "node_summary": "n", "entities": [], "channels": "{}",
+            "recalled": True}
+    row = {"input": "q", "gold_parent": 2, "gold_states": [2], "teacher_new_root": 0.2,
+           "candidates": [dict(cand, turn=2, runtime_score=0.9, teacher_score=0.9),
+                          dict(cand, turn=1, runtime_score=0.5, teacher_score=0.5)]}
+    g = D.rerank_groups([row], "routing", 8)[0]
+    assert g.soft == pytest.approx([0.5, 0.9]) and g.soft_root == pytest.approx(0.2)  # docs in turn order
+    plain = D.rerank_groups([{**row, "teacher_new_root": None}], "routing", 8)[0]
+    assert plain.soft is None
+    batch = D.collate_groups([{"input_ids": [[1], [1]], "gold": g.gold, **D.soft_fields(g)},
+                              {"input_ids": [[1]], "gold": -1}], 0)
+    t = teacher_targets(batch, 1.0)
+    logit = [math.log(p / (1 - p)) for p in (0.5, 0.9, 0.2)]
+    z = [math.exp(x) for x in logit]
+    assert t[0].tolist() == pytest.approx([x / sum(z) for x in z], abs=1e-5) and t[1] is None
+    assert teacher_targets(batch, 2.0)[0].max() < t[0].max()  # a higher temperature flattens it
+
+
+def test_the_reranker_loss_mixes_the_teachers_kl_with_its_choice():
+    from arbor_train import data as D
+    from arbor_train.roles.reranker import RerankerModule
+
+    module = RerankerModule.__new__(RerankerModule)
+    torch.nn.Module.__init__(module)
+    logits = torch.tensor([0.3, 1.2, -0.5])  # two candidates and the new-root option
+
+    def cfg(weight):
+        return {"task": {"secondary_weight": 0.0, "distill": {"weight": weight, "temperature": 1.0}}}
+
+    module.group_logits = lambda batch: [logits]
+    batch = D.collate_groups([{"input_ids": [[1], [1]], "gold": 1, "soft": [0.5, 0.9], "soft_root": 0.2}], 0)
+    logp = torch.log_softmax(logits, 0)
+    teacher = torch.softmax(torch.tensor([0.0, math.log(9), math.log(0.25)]), 0)
+    kl = float((teacher * (teacher.log() - logp)).sum())
+    for w, expect in ((0.0, -float(logp[1])), (1.0, kl), (0.5, 0.5 * -float(logp[1]) + 0.5 * kl)):
+        module.cfg = cfg(w)
+        assert float(module.step_loss(batch)[0]) == pytest.approx(expect, abs=1e-5)
+
+
+# ---------------------------------------------------------------------- the loopback server
+def start_server(tmp_path: Path) -> tuple[subprocess.Popen, str, Path]:
+    log = tmp_path / "requests.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "arbor_train.serve", "port=0", f"request_log={log}"],
+                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV)
+    line = proc.stdout.readline()
+    assert line.startswith("serving smollm2"), line
+    return proc, line.split(" on ", 1)[1].strip(), log
+
+
+@pytest.fixture(scope="module")
+def smollm2_server(tmp_path_factory):
+    proc, url, log = start_server(tmp_path_factory.mktemp("serve"))
+    yield url, log
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_the_loopback_server_speaks_the_openai_api_the_runtime_calls(smollm2_server):
+    from arbor_train.prompts import rerank_messages
+    from arbor_train.runtime.llm import OpenAIEndpoint
+
+    url, _ = smollm2_server
+    ep = OpenAIEndpoint(url, "smollm2", concurrency=3)
+    msgs = [[{"role": "user", "content": f"Name the number {i}."}] for i in range(3)]
+    a = ep.chat(msgs, max_new_tokens=8)
+    assert ep.chat(msgs[:1], max_new_tokens=8) == a[:1]  # greedy: a batch-mate changes nothing
+    p = ep.yes_probability([rerank_messages("Where is Bob's venue?", "Bob booked Heron Hall.")])[0]
+    assert 0.01 < p < 0.99 and ep.usage["requests"] == 5 and ep.usage["completion_tokens"] >= 4
+    with pytest.raises(ConnectionError, match="HTTP 404.*not served"):
+        OpenAIEndpoint(url, "gpt-9").chat(msgs[:1])
+    with pytest.raises(ConnectionError, match="HTTP 400.*temperature"):
+        ep._post({"model": "smollm2", "messages": msgs[0], "temperature": 0.7})
+
+
+def cache_rows(path: Path) -> int:
+    if not path.exists():
+        return 0
+    try:
+        with sqlite3.connect(path) as db:
+            return db.execute("SELECT count(*) FROM calls").fetchone()[0]
+    except sqlite3.OperationalError:  # not created yet
+        return 0
+
+
+def request_hashes(log: Path) -> list[str]:
+    return [json.loads(x)["sha256"] for x in log.read_text().splitlines()] if log.exists() else []
+
+
+@pytest.mark.slow
+def test_a_killed_distillation_resumes_without_repeating_a_finished_teacher_call(tmp_path, smollm2_server):
+    """SIGKILL mid-run, then the same command: no call whose answer the first run stored is asked again. A
+    request in flight at the kill (its answer never arrived) is the only kind that may be repeated."""
+    url, log = smollm2_server
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "data_gen.distill", f"input={small_file(tmp_path, 3)}", f"out_dir={out}",
+           "progress=false", f"runtime.teacher_llm.base_url={url}", "max_conversations=1",
+           "runtime.extractors.facts.max_new_tokens=48", "runtime.extractors.states.max_new_tokens=48"]
+    seen0 = len(request_hashes(log))
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
+                            start_new_session=True)
+    deadline = time.time() + 300
+    while cache_rows(out / "teacher_calls.sqlite") < 8 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    stored = cache_rows(out / "teacher_calls.sqlite")
+    assert stored >= 8 and not (out / "README.md").exists()
+    p = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=ENV)
+    assert p.returncode == 0, p.stderr[-2000:]
+    stats = json.loads((out / "stats.json").read_text())
+    sent = request_hashes(log)[seen0:]
+    # every request is distinct except those in flight at the kill: the stored ones were never asked again
+    assert len(set(sent)) == stored + stats["calls"]["calls"]
+    assert stats["calls"]["reused"] >= stored
+    assert cache_rows(out / "teacher_calls.sqlite") == len(set(sent))
+    assert "| 3 |" in (out / "README.md").read_text()  # the split's three turns
