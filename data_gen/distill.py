@@ -52,8 +52,9 @@ def reason_of(message: str) -> str:
 
 def record_calls(comps: dict, cache, stats: Counter, on_call=None) -> list:
     """Route every LLM call of the teacher's components through one disk cache (RecordedLLM); returns the
-    wrapped backends. Components without an LLM (a tuned cross-encoder, the heuristics) are left as they are:
-    they are local and deterministic."""
+    wrapped backends. Components without an LLM (a tuned cross-encoder, the heuristics), and extractors with
+    decoding levers on a local model (JSON-constrained, prefix KV), are left as they are: they are local and
+    deterministic."""
     from arbor_train.runtime.extract import LLMExtractor
     from arbor_train.runtime.llm import RecordedLLM
     from arbor_train.runtime.rerank import PromptedReranker
@@ -61,14 +62,18 @@ def record_calls(comps: dict, cache, stats: Counter, on_call=None) -> list:
 
     wrapped: dict[int, RecordedLLM] = {}
     written: set[str] = set()
+    requested: set[str] = set()
 
     def wrap(llm):
         if id(llm) not in wrapped:
-            wrapped[id(llm)] = RecordedLLM(llm, cache, stats, getattr(llm, "concurrency", 1), on_call, written)
+            wrapped[id(llm)] = RecordedLLM(llm, cache, stats, getattr(llm, "concurrency", 1), on_call, written,
+                                           requested)
         return wrapped[id(llm)]
 
     owners = [comps["reranker"], comps["tagger"], *comps["extractors"].by_kind.values()]
     for o in {id(o): o for o in owners}.values():  # kinds with the same options share one extractor
+        if isinstance(o, LLMExtractor) and (o.constraint is not None or o.prefix_kv is not None):
+            continue  # decoding levers drive the local model itself (a tuned teacher: local and deterministic)
         if isinstance(o, (PromptedReranker, LLMTagger, LLMExtractor)):
             o.llm = wrap(o.llm)
     return list(wrapped.values())
@@ -193,6 +198,8 @@ def card(stats: dict) -> str:
               "wall s | estimated cost |", "|---:|---:|---:|---:|---:|---:|",
               f"| {c['calls']} | {c['reused']} | {c['prompt_tokens']} | {c['completion_tokens']} | "
               f"{stats['wall_s']} | {stats['cost']:.4f} |", "",
+              f"The teacher: {c['distinct']} distinct calls, {stats['teacher_s_per_turn']} s of calls per turn "
+              "(wall seconds per call made, concurrency included, times the calls a turn needs).", "",
               "Tokens are those of the calls made by this run, as the endpoint reported them (a local model: counted "
               "with its tokenizer).", ""]
     drops = stats["dropped"]
@@ -260,7 +267,7 @@ def _run(cfg: DictConfig) -> dict:
         tokens = calls["prompt_tokens"] + calls["completion_tokens"] + u["prompt_tokens"] + u["completion_tokens"]
         cost = ((calls["prompt_tokens"] + u["prompt_tokens"]) * price["prompt"]
                 + (calls["completion_tokens"] + u["completion_tokens"]) * price["completion"]) / 1e6
-        bar.set_postfix(calls=calls["calls"], reused=calls["reused"], tokens=tokens, cost=f"{cost:.4f}", refresh=False)
+        bar.set_postfix(calls=calls["calls"], reused=calls["reused"], tokens=tokens, cost=f"{cost:.4f}")
 
     recorded += record_calls(comps, cache, calls, on_call=show)
     model = sorted({r.name for r in recorded}) or [getattr(comps["reranker"], "name", "?")]
@@ -296,6 +303,14 @@ def _run(cfg: DictConfig) -> dict:
     u = endpoint_usage(recorded)
     calls.update({"prompt_tokens": u["prompt_tokens"], "completion_tokens": u["completion_tokens"]})
     stats["calls"] = {k: calls[k] for k in ("calls", "cached", "reused", "prompt_tokens", "completion_tokens")}
+    # the teacher's cost per turn: wall seconds per call made (concurrency included) times the distinct calls a
+    # turn needs; it holds for a resumed run too, whose calls are partly answered from the cache
+    distinct = len(recorded[0].requested) if recorded else 0
+    turns = sum(s["turns"] for s in stats["splits"].values())
+    stats["calls"]["distinct"] = distinct
+    stats["calls"]["call_s"] = round(calls["call_s"], 2)
+    stats["teacher_s_per_turn"] = (round(calls["call_s"] / calls["calls"] * distinct / max(1, turns), 4)
+                                   if calls["calls"] else None)
     stats["cost"] = (calls["prompt_tokens"] * price["prompt"] + calls["completion_tokens"] * price["completion"]) / 1e6
     stats["wall_s"] = round(time.perf_counter() - t0, 1)
     stats["dropped"], stats["turns_without_routing"] = dict(stats["dropped"]), dict(stats["turns_without_routing"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -234,6 +235,35 @@ def test_the_loopback_server_speaks_the_openai_api_the_runtime_calls(smollm2_ser
         ep._post({"model": "smollm2", "messages": msgs[0], "temperature": 0.7})
 
 
+# ---------------------------------------------------------------------- the tutorial, end to end at smoke size
+TUTORIAL = REPO_ROOT / "docs" / "tutorials" / "distill.md"
+SMOKE = {  # replaces the tutorial's own values of these options, so the loop runs in minutes
+    "data_gen.distill": ["max_conversations=2", "max_turns=3", "runtime.extractors.facts.max_new_tokens=48",
+                         "runtime.extractors.states.max_new_tokens=48", "progress=false"],
+    "data_gen.conversations": ["progress=false"],
+    "arbor_train.train": ["trainer.max_steps=2", "data.max_val_examples=16", "task.compare_baselines=false",
+                          "logger=csv", "task.gen_examples=2"],
+    "eval.distill": ["max_turns=4"],
+}
+
+
+def smoke(line: str, url: str) -> list[str]:
+    import shlex
+
+    argv = shlex.split(line, comments=True)
+    assert argv[:2] == ["python", "-m"], line
+    extra = list(SMOKE.get(argv[2], []))
+    if argv[2] == "data_gen.distill":
+        extra.append(f"runtime.teacher_llm.base_url={url}")
+    keys = {e.split("=", 1)[0] for e in extra}
+    return [sys.executable, *argv[1:2], argv[2], *[a for a in argv[3:] if a.split("=", 1)[0] not in keys], *extra]
+
+
+def tutorial_lines(path: Path, lang: str = "bash") -> list[str]:
+    return [line for block in re.findall(rf"```{lang}\n(.*?)```", path.read_text(), re.S)
+            for line in block.strip().splitlines() if line.strip() and not line.startswith("#")]
+
+
 def cache_rows(path: Path) -> int:
     if not path.exists():
         return 0
@@ -249,30 +279,55 @@ def request_hashes(log: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_killed_distillation_resumes_without_repeating_a_finished_teacher_call(tmp_path, smollm2_server):
-    """SIGKILL mid-run, then the same command: no call whose answer the first run stored is asked again. A
-    request in flight at the kill (its answer never arrived) is the only kind that may be repeated."""
+def test_the_distill_tutorial_runs_end_to_end_with_a_kill_and_resume(tmp_path, smollm2_server):
+    """Every command of docs/tutorials/distill.md at smoke size against the loopback SmolLM2 server. The
+    distillation is SIGKILLed mid-run and started again with the same command: no call whose answer the
+    first run stored is asked again (a request in flight at the kill, whose answer never arrived, is the only
+    kind that may be). Then the students train, export, run in the runtime, and the report and its table run."""
     url, log = smollm2_server
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "data_gen.distill", f"input={small_file(tmp_path, 3)}", f"out_dir={out}",
-           "progress=false", f"runtime.teacher_llm.base_url={url}", "max_conversations=1",
-           "runtime.extractors.facts.max_new_tokens=48", "runtime.extractors.states.max_new_tokens=48"]
-    seen0 = len(request_hashes(log))
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
-                            start_new_session=True)
-    deadline = time.time() + 300
-    while cache_rows(out / "teacher_calls.sqlite") < 8 and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    stored = cache_rows(out / "teacher_calls.sqlite")
-    assert stored >= 8 and not (out / "README.md").exists()
-    p = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=ENV)
-    assert p.returncode == 0, p.stderr[-2000:]
-    stats = json.loads((out / "stats.json").read_text())
-    sent = request_hashes(log)[seen0:]
-    # every request is distinct except those in flight at the kill: the stored ones were never asked again
-    assert len(set(sent)) == stored + stats["calls"]["calls"]
-    assert stats["calls"]["reused"] >= stored
-    assert cache_rows(out / "teacher_calls.sqlite") == len(set(sent))
-    assert "| 3 |" in (out / "README.md").read_text()  # the split's three turns
+    (tmp_path / "docs").symlink_to(REPO_ROOT / "docs")
+    env = dict(ENV, ARBOR_OUTPUT_ROOT=str(tmp_path / "outputs"))
+    lines = tutorial_lines(TUTORIAL)
+    assert lines[0].startswith("python -m arbor_train.serve") and lines[0].endswith("&")  # the fixture serves it
+    # the gold-trained row's router: the own-conversations tutorial's section 2
+    own = [x for x in tutorial_lines(REPO_ROOT / "docs" / "tutorials" / "own_conversations.md")
+           if "my_router" in x or "data_gen.conversations" in x]
+    cache = tmp_path / "outputs" / "data" / "distilled" / "teacher_calls.sqlite"
+    for line in own + lines[1:]:
+        cmd = smoke(line, url)
+        if "data_gen.distill" in line:
+            seen0 = len(request_hashes(log))
+            proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    start_new_session=True)
+            deadline = time.time() + 300
+            while cache_rows(cache) < 10 and proc.poll() is None and time.time() < deadline:
+                time.sleep(0.2)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            stored = cache_rows(cache)
+            assert stored >= 10 and not (cache.parent / "README.md").exists(), "killed too late"
+        p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+        assert p.returncode == 0, f"{line}\n{p.stderr[-3000:]}"
+        if "data_gen.distill" in line:
+            stats = json.loads((cache.parent / "stats.json").read_text())
+            sent = request_hashes(log)[seen0:]
+            assert len(set(sent)) == stored + stats["calls"]["calls"]  # nothing stored was asked again
+            assert stats["calls"]["reused"] >= stored and cache_rows(cache) == len(set(sent))
+            assert stats["splits"]["train"]["turns"] == 3 and stats["splits"]["heldout"]["turns"] == 3
+    for code in re.findall(r"```python\n(.*?)```", TUTORIAL.read_text(), re.S):
+        p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+    report = json.loads((tmp_path / "outputs" / "reports" / "distill" / "results.json").read_text())
+    names = [r["row"] for r in report["rows"]]
+    assert names == ["teacher", "distilled student", "gold-trained student", "heuristic"]
+    assert report["rows"][0]["routing_agreement"] == 1.0 and "routing_agreement" in report["rows"][1]
+    assert (tmp_path / "outputs" / "reports" / "distill" / "agreement.png").read_bytes()[:4] == b"\x89PNG"
+    # the published table's config runs on what the tutorial made
+    out = tmp_path / "tables" / "distill_student"
+    p = subprocess.run([sys.executable, "-m", "eval.compare", "table=distill_student", "--out", str(out),
+                        "max_turns=4", "rows.gold.extractor=outputs/bundles/distilled_extractor"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads((out / "results.json").read_text())
+    assert [r["row"] for r in rows] == names and (out / "agreement.png").exists()

@@ -318,11 +318,14 @@ class RecordedLLM:
     run `concurrency` at a time (a bounded pool); a local model gets its own batches. `stats` counts the
     calls made (`calls`), the ones answered from the cache (`cached`) and, of those, the ones an earlier
     run made (`reused`: keys not in `written`, the set of keys this run wrote, shared by the wrappers of
-    one run); `on_call()` runs after each call (a progress bar)."""
+    one run), and the wall seconds spent waiting for calls made (`call_s`); `requested` (shared too) gathers
+    every distinct call asked for. `on_call()` runs after each call (a progress bar)."""
 
-    def __init__(self, llm, cache, stats, concurrency: int = 1, on_call=None, written: set | None = None):
+    def __init__(self, llm, cache, stats, concurrency: int = 1, on_call=None, written: set | None = None,
+                 requested: set | None = None):
         self.llm, self.cache, self.stats = llm, cache, stats
         self.written = set() if written is None else written
+        self.requested = set() if requested is None else requested
         self.name = llm.name
         self.cache_id = getattr(llm, "cache_id", None) or llm.name
         self.concurrency = concurrency
@@ -349,7 +352,10 @@ class RecordedLLM:
     def _calls(self, method: str, conversations: list[list[dict]], n: int, fn) -> list:
         from .kvcache import cache_key
 
+        import time
+
         keys = [cache_key(self.cache_id, method, n, m) for m in conversations]
+        self.requested.update(keys)
         have = {k: json.loads(v) for k, v in self.cache.get_many(sorted(set(keys))).items()}
         self.stats["cached"] += sum(k in have for k in keys)
         self.stats["reused"] += sum(k in have and k not in self.written for k in keys)
@@ -364,6 +370,7 @@ class RecordedLLM:
             if self.on_call is not None:
                 self.on_call()
 
+        t0 = time.perf_counter()
         if isinstance(self.llm, OpenAIEndpoint) and self.concurrency > 1 and len(todo) > 1:
             from concurrent.futures import ThreadPoolExecutor, as_completed
 
@@ -382,6 +389,8 @@ class RecordedLLM:
             for i in range(0, len(todo), step):
                 part = todo[i : i + step]
                 done(part, fn([m for _, m in part]))
+        if todo:
+            self.stats["call_s"] += time.perf_counter() - t0
         return [have[k] for k in keys]
 
 
