@@ -35,7 +35,7 @@ from arbor_train.errors import ConfigError, MissingInputError, entry_point, pars
 from arbor_train.paths import CONF_DIR
 
 KIND_METRIC = {"summary": ("rouge_l", "summary ROUGE-L"), "entities": ("entity_f1", "entity F1"),
-               "facts": ("fact_f1", "fact F1"), "states": ("slot_f1", "slot F1"),
+               "facts": ("fact_f1", "fact F1"), "states": ("slot_value_f1", "slot F1"),
                "events": ("event_text_f1", "event text F1"), "artifacts": ("artifact_item_f1", "artifact item F1")}
 
 
