@@ -242,7 +242,7 @@ SMOKE = {  # replaces the tutorial's own values of these options, so the loop ru
                          "runtime.extractors.states.max_new_tokens=48", "progress=false"],
     "data_gen.conversations": ["progress=false"],
     "arbor_train.train": ["trainer.max_steps=2", "data.max_val_examples=16", "task.compare_baselines=false",
-                          "logger=csv", "task.gen_examples=2"],
+                          "logger=csv"],
     "eval.distill": ["max_turns=4"],
 }
 
@@ -255,6 +255,8 @@ def smoke(line: str, url: str) -> list[str]:
     extra = list(SMOKE.get(argv[2], []))
     if argv[2] == "data_gen.distill":
         extra.append(f"runtime.teacher_llm.base_url={url}")
+    if argv[2] == "arbor_train.train" and any("experiment=extractor" in a for a in argv):
+        extra.append("task.gen_examples=2")
     keys = {e.split("=", 1)[0] for e in extra}
     return [sys.executable, *argv[1:2], argv[2], *[a for a in argv[3:] if a.split("=", 1)[0] not in keys], *extra]
 
