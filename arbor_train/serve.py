@@ -7,7 +7,7 @@ the part of the OpenAI chat API the runtime's `OpenAIEndpoint` uses:
 - `POST /v1/chat/completions` with `model`, `messages`, `max_tokens`, `temperature` (greedy decoding
   only: a temperature above 0 is refused, so a teacher's labels are reproducible), `logprobs` and
   `top_logprobs` (per generated token), answered with `choices`, `usage` and `id`;
-- `GET /v1/models`.
+- `GET /v1/models`, whose entry's `root` names the checkpoint (its weights' identity), as vLLM's does.
 
 Requests that queue up while the model is busy are generated together (up to `batch_size` with the same
 `max_tokens`), so a client's concurrent requests raise throughput. A request that is malformed gets a 400
@@ -176,13 +176,21 @@ def make_server(gen: Generator, host: str, port: int, cap: int, request_log: str
             self.wfile.write(data)
 
         def do_GET(self) -> None:
-            if self.path.rstrip("/") in ("/v1/models", "/models"):
-                self._send(200, {"object": "list", "data": [{"id": gen.served_name, "object": "model"}]})
+            if self.path.rstrip("/") in ("/v1/models", "/models"):  # root: the checkpoint behind the name
+                self._send(200, {"object": "list", "data": [{"id": gen.served_name, "object": "model",
+                                                             "root": getattr(gen.llm, "cache_id", "")}]})
             else:
                 self._send(404, {"error": {"message": f"no route {self.path}"}})
 
         def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                length = -1
+            if length < 0:
+                self._send(400, {"error": {"message": "header Content-Length must be a non-negative integer"}})
+                return
+            body = self.rfile.read(length)
             if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
                 status, obj = 404, {"error": {"message": f"no route {self.path}"}}
             else:

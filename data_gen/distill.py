@@ -63,11 +63,12 @@ def record_calls(comps: dict, cache, stats: Counter, on_call=None) -> list:
     wrapped: dict[int, RecordedLLM] = {}
     written: set[str] = set()
     requested: set[str] = set()
+    reused: set[str] = set()
 
     def wrap(llm):
         if id(llm) not in wrapped:
             wrapped[id(llm)] = RecordedLLM(llm, cache, stats, getattr(llm, "concurrency", 1), on_call, written,
-                                           requested)
+                                           requested, reused)
         return wrapped[id(llm)]
 
     owners = [comps["reranker"], comps["tagger"], *comps["extractors"].by_kind.values()]
@@ -85,8 +86,43 @@ def endpoint_usage(recorded: list) -> Counter:
 
     total: Counter = Counter()
     for ep in {id(r.llm): r.llm for r in recorded if isinstance(r.llm, OpenAIEndpoint)}.values():
-        total.update(ep.usage)
+        total.update(ep.usage_snapshot())
     return total
+
+
+def record_run(path: Path, calls: int, call_s: float) -> tuple[int, float]:
+    """Add this run's calls made and the wall seconds spent on them to the cache's ledger; returns the totals
+    over every run that wrote the cache (what the teacher's cost per call is measured on)."""
+    from arbor_train.runtime.kvcache import SqliteKV
+
+    runs = SqliteKV(path, table="runs", value="calls")
+    try:
+        if calls:
+            runs.put_many([(time.strftime("%Y-%m-%dT%H:%M:%S") + f".{time.time_ns() % 10**9:09d}",
+                            json.dumps({"calls": calls, "call_s": call_s}))])
+        rows = [json.loads(v) for (v,) in runs.db.execute("SELECT calls FROM runs").fetchall()]
+    finally:
+        runs.close()
+    return sum(r["calls"] for r in rows), sum(r["call_s"] for r in rows)
+
+
+def check_teacher(recorded: list, path: Path) -> None:
+    """The cache remembers which checkpoint answered each endpoint's calls (OpenAIEndpoint.identity); a cache
+    written by another checkpoint served under the same name and URL is refused, naming both."""
+    from arbor_train.runtime.kvcache import SqliteKV
+    from arbor_train.runtime.llm import OpenAIEndpoint
+
+    teachers = SqliteKV(path, table="teachers", value="identity")
+    try:
+        for ep in {id(r.llm): r.llm for r in recorded if isinstance(r.llm, OpenAIEndpoint)}.values():
+            now, before = ep.identity(), teachers.get(ep.cache_id)
+            if before is None:
+                teachers.put_many([(ep.cache_id, now)])
+            elif before != now:
+                raise ConfigError(f"cache={path}: its calls to {ep.cache_id} were answered by {before!r}, and the "
+                                  f"endpoint now serves {now!r}; pass cache=<another file> (or delete this one)")
+    finally:
+        teachers.close()
 
 
 def extraction_row(base: dict, assistant: str, ex, kinds: list[str], drops: list[dict]) -> dict | None:
@@ -122,20 +158,21 @@ def prefetch(comps: dict, turns: list[dict], kinds: list[str]) -> None:
     turn by turn). The answers land in the call cache, where the replay's own calls find them."""
     from arbor_train.prompts import extract_messages, tag_messages
     from arbor_train.runtime.extract import SUMMARY_TOKENS, LLMExtractor, OnePassExtractor
+    from arbor_train.runtime.llm import RecordedLLM
     from arbor_train.runtime.tags import LLMTagger
 
-    for kind in kinds:
+    for kind in kinds:  # only recorded calls: an unrecorded local model would run twice for nothing
         ex = comps["extractors"].by_kind[kind]
-        if isinstance(ex, LLMExtractor) and not isinstance(ex, OnePassExtractor) and ex.constraint is None:
+        if isinstance(ex, LLMExtractor) and not isinstance(ex, OnePassExtractor) and isinstance(ex.llm, RecordedLLM):
             ex.llm.chat([extract_messages(kind, t["user"], t.get("assistant") or "", t.get("timestamp")) for t in turns],
                         SUMMARY_TOKENS if kind == "summary" else ex.max_new_tokens)
     tagger = comps["tagger"]
-    if isinstance(tagger, LLMTagger):
+    if isinstance(tagger, LLMTagger) and isinstance(tagger.llm, RecordedLLM):
         tagger.llm.chat([tag_messages(t["user"], tagger.labels) for t in turns], max_new_tokens=48)
 
 
 def distill_conversation(conv_id: str, turns: list[dict], runtime_cfg: dict, comps: dict, rows_from: int,
-                         rows: dict[str, list[dict]], drops: list[dict], counts: Counter, teacher: str,
+                         rows: dict[str, list[dict]], drops: list[dict], counts: Counter, split_name: str,
                          on_turn=None) -> None:
     """One conversation through the teacher: rows for its turns from position `rows_from` on (earlier turns
     are context), appended to `rows` and `drops`."""
@@ -157,17 +194,21 @@ def distill_conversation(conv_id: str, turns: list[dict], runtime_cfg: dict, com
                 counts["turns"] += 1
                 cands = step.candidates
                 if loc.route in TEACHER_ROUTES and cands:
+                    # a temporal return attaches to the best candidate whatever its score: its row keeps the
+                    # choice, without soft targets that would put the mass on a new root it did not take
+                    soft = loc.route == "rerank"
                     for c in cands:
-                        c["teacher_score"] = c["runtime_score"]
+                        c["teacher_score"] = c["runtime_score"] if soft else None
                     best = -1 if loc.parent_id is None else cands[0]["turn"]  # candidates: best first
                     rows["routing"].append({**base, "candidates": cands, "gold_parent": best,
                                             "gold_states": [] if best < 0 else [best],
                                             "runtime_choice": -1 if step.chosen is None else step.chosen,
                                             "route": loc.route, "gold_recalled": True, "label_rule": "teacher",
-                                            "teacher_new_root": float(threshold)})
+                                            "teacher_new_root": float(threshold) if soft else None})
                     counts["new_root"] += best < 0
                 else:
                     counts[f"routing_no_scores_{loc.route}"] += 1
+                n_drops = len(drops)
                 row = extraction_row(base, t.get("assistant") or "", ex, kinds, drops)
                 if row is not None:
                     rows["extraction"].append(row)
@@ -180,6 +221,8 @@ def distill_conversation(conv_id: str, turns: list[dict], runtime_cfg: dict, com
                         rows["tags"].append({**base, "source": "turn", "tags": tags})
                 else:
                     rows["tags"].append({**base, "source": "turn", "tags": comps["tagger"].predict([t["user"]])[0]})
+                for d in drops[n_drops:]:
+                    d["split"] = split_name
             if on_turn is not None:
                 on_turn()
 
@@ -253,10 +296,14 @@ def _run(cfg: DictConfig) -> dict:
     convs = load_conversations(str(cfg.input), dict(cfg.runtime.limits))  # the whole file checked first
     convs = convs[:max_convs] if max_convs else convs
     parts = split(convs, share, seed)
+    for name, items in parts.items():  # before any teacher call
+        if not any(lo < min(hi, max_turns or hi) for _, lo, hi in items):
+            raise ConfigError(f"input={cfg.input}: the {name} split has no turn left to label with max_turns={max_turns} "
+                              "(raise max_turns, or hold out whole conversations)")
     runtime_cfg = runtime_config(OmegaConf.to_container(cfg, resolve=True))
     teacher = runtime_label(runtime_cfg)
     comps = build_components(runtime_cfg)
-    cache = SqliteKV(cfg.cache or out / "teacher_calls.sqlite", table="calls", value="answer")
+    cache = SqliteKV(str(cfg.cache or out / "teacher_calls.sqlite"), table="calls", value="answer")
     calls: Counter = Counter()
     total_turns = sum(min(hi, max_turns or hi) for p in parts.values() for _, _, hi in p)
     bar = tqdm(total=total_turns, desc="distill", unit="turn", disable=not progress)
@@ -270,6 +317,7 @@ def _run(cfg: DictConfig) -> dict:
         bar.set_postfix(calls=calls["calls"], reused=calls["reused"], tokens=tokens, cost=f"{cost:.4f}")
 
     recorded += record_calls(comps, cache, calls, on_call=show)
+    cache_path = Path(str(cfg.cache or out / "teacher_calls.sqlite"))
     model = sorted({r.name for r in recorded}) or [getattr(comps["reranker"], "name", "?")]
     stats: dict = {"teacher": teacher, "teacher_model": ", ".join(model), "source": str(cfg.input), "heldout": share,
                    "seed": seed, "splits": {}, "dropped": Counter(), "turns_without_routing": Counter()}
@@ -277,6 +325,7 @@ def _run(cfg: DictConfig) -> dict:
     written: dict[str, tuple[dict, dict]] = {}
     drops: list[dict] = []
     try:
+        check_teacher(recorded, cache_path)
         for name, items in parts.items():
             rows: dict[str, list[dict]] = {s: [] for s in SETS}
             counts: Counter = Counter()
@@ -285,7 +334,7 @@ def _run(cfg: DictConfig) -> dict:
                 if lo >= hi:
                     continue
                 distill_conversation(conv.conversation_id, numbered(conv)[:hi], runtime_cfg, comps, lo, rows, drops,
-                                     counts, teacher, on_turn=lambda: (bar.update(1), show()))
+                                     counts, name, on_turn=lambda: (bar.update(1), show()))
             if not any(rows.values()):
                 raise ConfigError(f"input={cfg.input}: the {name} split gave no rows (every teacher output was "
                                   "rejected, or no turn was left: see max_turns)")
@@ -295,6 +344,9 @@ def _run(cfg: DictConfig) -> dict:
                 if k.startswith("routing_no_scores_"):
                     stats["turns_without_routing"][k.removeprefix("routing_no_scores_")] += v
             written[name] = (rows, counts)
+    except ConnectionError as e:  # the teacher's endpoint: one error line; every finished call stays in the cache
+        raise ConfigError(f"the teacher (runtime.teacher_llm.base_url / model): {e}. The calls it had answered are "
+                          f"kept in {cache_path}: the same command resumes from them") from None
     finally:
         bar.close()
     for d in drops:
@@ -303,14 +355,14 @@ def _run(cfg: DictConfig) -> dict:
     u = endpoint_usage(recorded)
     calls.update({"prompt_tokens": u["prompt_tokens"], "completion_tokens": u["completion_tokens"]})
     stats["calls"] = {k: calls[k] for k in ("calls", "cached", "reused", "prompt_tokens", "completion_tokens")}
-    # the teacher's cost per turn: wall seconds per call made (concurrency included) times the distinct calls a
-    # turn needs; it holds for a resumed run too, whose calls are partly answered from the cache
+    # the teacher's cost per turn: wall seconds per call made (concurrency included), over every run that wrote
+    # this cache (a resumed run answers part of its calls from it), times the distinct calls a turn needs
     distinct = len(recorded[0].requested) if recorded else 0
     turns = sum(s["turns"] for s in stats["splits"].values())
+    made, made_s = record_run(cache_path, calls["calls"], calls["call_s"])
     stats["calls"]["distinct"] = distinct
     stats["calls"]["call_s"] = round(calls["call_s"], 2)
-    stats["teacher_s_per_turn"] = (round(calls["call_s"] / calls["calls"] * distinct / max(1, turns), 4)
-                                   if calls["calls"] else None)
+    stats["teacher_s_per_turn"] = round(made_s / made * distinct / max(1, turns), 4) if made else None
     stats["cost"] = (calls["prompt_tokens"] * price["prompt"] + calls["completion_tokens"] * price["completion"]) / 1e6
     stats["wall_s"] = round(time.perf_counter() - t0, 1)
     stats["dropped"], stats["turns_without_routing"] = dict(stats["dropped"]), dict(stats["turns_without_routing"])

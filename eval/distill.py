@@ -8,13 +8,13 @@ The student report of a distillation (data_gen/distill.py). On the held-out spli
   its threshold (a bundle's calibrated one, else the runtime's); agreement is the share of turns where it
   picks what the teacher picked;
 - routing vs labels: on the same turns, where the conversation file has `parent` labels, the share where
-  the pick is the labelled parent (or both say new thread). The teacher gets this column too;
+  the pick is one of the labelled parents (or both say new thread). The teacher gets this column too;
 - extraction agreement per kind, with the teacher's validated output as the reference and the shared
   metrics (arbor_train.scoring.training.extraction_metrics): summary ROUGE-L, entity F1, fact F1, slot F1,
   event-text F1 and artifact-item F1, each over the turns where the teacher's output of that kind passed
   validation;
-- valid outputs: the share of (turn, kind) extraction outputs the runtime's validation accepted, over every
-  kind (the teacher's over every turn it labelled);
+- valid outputs: the share of (turn, kind) extraction outputs the runtime's validation accepted, over the
+  held-out turns and every enabled kind (the teacher's from its dropped.jsonl, over the same turns);
 - cost: seconds per turn of the row's routing and extraction, measured here; the teacher's is the
   distillation's (stats.json `teacher_s_per_turn`: wall seconds per teacher call, with its concurrency,
   times the calls a turn needs).
@@ -31,7 +31,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from arbor_train.errors import ConfigError, MissingInputError, entry_point, parse_float, parse_int
+from arbor_train.errors import ConfigError, InputError, MissingInputError, entry_point, parse_float, parse_int
 from arbor_train.paths import CONF_DIR
 
 KIND_METRIC = {"summary": ("rouge_l", "summary ROUGE-L"), "entities": ("entity_f1", "entity F1"),
@@ -49,9 +49,9 @@ def load_distilled(data: Path, split: str = "heldout") -> tuple[dict[str, list[d
     return rows, json.loads((data / "stats.json").read_text())
 
 
-def file_labels(path: str, limits: dict) -> dict[tuple[str, int], int | None]:
-    """(conversation, turn position) -> the first labelled parent's position (-1: a new thread), for
-    labelled turns of the file (positions are 1-based, as the distilled rows number them)."""
+def file_labels(path: str, limits: dict) -> dict[tuple[str, int], set[int]]:
+    """(conversation, turn position) -> the labelled parents' positions ({-1}: a new thread), for labelled
+    turns of the file (positions are 1-based, as the distilled rows number them)."""
     from arbor_train.conversations.files import load_conversations
     from data_gen.conversations import numbered
 
@@ -59,7 +59,7 @@ def file_labels(path: str, limits: dict) -> dict[tuple[str, int], int | None]:
     for conv in load_conversations(path, limits):
         for t in numbered(conv):
             if t["parents"] is not None:
-                out[(conv.conversation_id, t["turn"])] = min(t["parents"]) if t["parents"] else -1
+                out[(conv.conversation_id, t["turn"])] = set(t["parents"]) if t["parents"] else {-1}
     return out
 
 
@@ -104,20 +104,24 @@ def extract(rows: list[dict], spec, runtime_cfg: dict, kinds: list[str]) -> tupl
     return out, time.perf_counter() - t0
 
 
-def valid_share(extractions: list, kinds: list[str]) -> float:
+def valid_share(extractions: list, kinds: list[str]) -> float | None:
     """The share of (turn, kind) outputs the runtime's validation accepted (a summary: a non-empty one)."""
     bad = sum(len({m.split(": ", 1)[0] for m in e.report.rejected} & set(kinds))
               + ("summary" in kinds and not str(e.raw.get("summary") or "").strip()) for e in extractions)
-    return round(1 - bad / max(1, len(extractions) * len(kinds)), 4)
+    return round(1 - bad / (len(extractions) * len(kinds)), 4) if extractions and kinds else None
 
 
-def teacher_valid_share(data: Path, stats: dict) -> float:
-    """The same share for the teacher, over every turn it labelled (dropped.jsonl: one line per rejected output)."""
-    from arbor_train.runtime.extract import KINDS
-
+def teacher_valid_share(data: Path, rows: list[dict], kinds: list[str]) -> float | None:
+    """The same share for the teacher, over the same held-out turns and kinds (dropped.jsonl: one line per
+    rejected output, with its split)."""
     drops = [json.loads(x) for x in (data / "dropped.jsonl").read_text().splitlines() if x.strip()]
-    turns = sum(s["turns"] for s in stats["splits"].values())
-    return round(1 - sum(d["set"] == "extraction" for d in drops) / max(1, turns * len(KINDS)), 4)
+    if any("split" not in d for d in drops):
+        raise InputError(f"{data / 'dropped.jsonl'}: lines without a 'split' field (written by an older "
+                         "data_gen.distill: run it again with overwrite=true; its calls are cached)")
+    turns = {(r["session_id"], r["turn"]) for r in rows}
+    bad = sum(d["split"] == "heldout" and d["set"] == "extraction" and d["kind"] in kinds
+              and (d["session_id"], d["turn"]) in turns for d in drops)
+    return round(1 - bad / (len(turns) * len(kinds)), 4) if turns and kinds else None
 
 
 def has_kind(row: dict, kind: str) -> bool:
@@ -200,16 +204,17 @@ def run(cfg: DictConfig) -> dict:
         with quiet():
             if spec.get("reranker") == "teacher":
                 picks = [r["gold_parent"] for r in routing]
-                res["routing_agreement"] = 1.0
+                res["routing_agreement"] = 1.0 if routing else None
             elif spec.get("reranker"):
                 reranker, thr = build_router(spec["reranker"], runtime_cfg)
                 picks, s_route = route(routing, reranker, thr)
-                res["routing_agreement"] = round(sum(p == r["gold_parent"] for p, r in zip(picks, routing))
-                                                 / max(1, len(routing)), 4)
+                res["routing_agreement"] = (round(sum(p == r["gold_parent"] for p, r in zip(picks, routing))
+                                                  / len(routing), 4) if routing else None)
             res["extraction"] = {}
             if spec.get("extractor") == "teacher":
                 res["extraction"] = {k: {"value": 1.0, "turns": None} for k in kinds}
-                res["valid_outputs"] = teacher_valid_share(Path(str(c["distilled"])), stats)
+                res["valid_outputs"] = teacher_valid_share(Path(str(c["distilled"])), extraction,
+                                                           enabled_kinds(runtime_cfg))
             elif spec.get("extractor"):
                 outs, s_extract = extract(extraction, spec["extractor"], runtime_cfg, enabled_kinds(runtime_cfg))
                 res["extraction"] = agreement(outs, extraction, kinds, threshold)
@@ -219,7 +224,7 @@ def run(cfg: DictConfig) -> dict:
         else:
             res["s_per_turn"] = round(s_route / max(1, len(routing)) + s_extract / max(1, len(extraction)), 4)
         if picks is not None and labelled:
-            res["routing_vs_labels"] = round(sum(picks[i] == labels[(routing[i]["session_id"], routing[i]["turn"])]
+            res["routing_vs_labels"] = round(sum(picks[i] in labels[(routing[i]["session_id"], routing[i]["turn"])]
                                                  for i in labelled) / len(labelled), 4)
         results.append(res)
     out = Path(str(c["out"]))

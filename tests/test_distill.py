@@ -32,7 +32,15 @@ ENV = dict(os.environ, WANDB_MODE="offline")
 class ScriptedTeacher(BaseHTTPRequestHandler):
     """An OpenAI-compatible endpoint that answers by prompt kind: the router's p(yes) from logprobs, valid JSON
     for every extraction kind except `facts` (not JSON at all) and `events` (an item without its fields),
-    and tags with one label outside the ontology."""
+    and tags with one label outside the ontology. `GET /v1/models` names the checkpoint (`server.root`)."""
+
+    def do_GET(self):
+        body = json.dumps({"data": [{"id": "smollm2", "root": self.server.root}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -71,7 +79,7 @@ class ScriptedTeacher(BaseHTTPRequestHandler):
 @pytest.fixture
 def scripted():
     srv = ThreadingHTTPServer(("127.0.0.1", 0), ScriptedTeacher)
-    srv.requests = []
+    srv.requests, srv.root = [], "scripted-v1"
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield srv
     srv.shutdown()
@@ -114,6 +122,9 @@ def test_teacher_outputs_become_rows_and_rejected_ones_are_dropped_with_their_re
     # routing: the turns the teacher scored, each candidate with the teacher's score, the best one the label
     assert rows["routing"] and all(r["label_rule"] == "teacher" for r in rows["routing"])
     for r in rows["routing"]:
+        if r["route"] == "temporal_return":  # attached to the best whatever its score: no soft targets
+            assert r["teacher_new_root"] is None and r["gold_parent"] == r["candidates"][0]["turn"]
+            continue
         scores = [c["teacher_score"] for c in r["candidates"]]
         assert scores == sorted(scores, reverse=True)
         best = r["candidates"][0]
@@ -124,6 +135,7 @@ def test_teacher_outputs_become_rows_and_rejected_ones_are_dropped_with_their_re
     drops = [json.loads(x) for x in (out / "dropped.jsonl").read_text().splitlines()]
     assert Counter(d["kind"] for d in drops) == {"facts": 10, "events": 10}
     assert all(d["session_id"].startswith("smoke-") and d["turn"] >= 1 for d in drops)
+    assert Counter(d["split"] for d in drops) == {"train": 10, "heldout": 10}
     assert stats["dropped"] == {"extraction / facts: invalid JSON": 10, "extraction / events: missing 'action'": 10}
     card = (out / "README.md").read_text()
     assert "| extraction / facts: invalid JSON | 10 |" in card
@@ -131,6 +143,23 @@ def test_teacher_outputs_become_rows_and_rejected_ones_are_dropped_with_their_re
     assert stats["calls"]["calls"] == len(scripted.requests) == len({json.dumps(r, sort_keys=True)
                                                                      for r in scripted.requests})
     assert stats["calls"]["prompt_tokens"] == 10 * len(scripted.requests)
+
+
+def test_a_cache_from_another_checkpoint_or_a_dead_endpoint_is_refused_in_one_line(tmp_path, scripted):
+    from arbor_train.errors import ConfigError
+    from data_gen.distill import run
+
+    url = f"runtime.teacher_llm.base_url=http://127.0.0.1:{scripted.server_port}/v1"
+    run(distill_cfg(f"input={small_file(tmp_path, 2)}", f"out_dir={tmp_path / 'a'}", url))
+    scripted.root = "scripted-v2"  # another checkpoint behind the same name and URL
+    with pytest.raises(ConfigError, match="answered by 'scripted-v1', and the endpoint now serves 'scripted-v2'"):
+        run(distill_cfg(f"input={small_file(tmp_path, 2)}", f"out_dir={tmp_path / 'a'}", url, "overwrite=true"))
+    p = subprocess.run([sys.executable, "-m", "data_gen.distill", f"input={small_file(tmp_path, 2)}",
+                        f"out_dir={tmp_path / 'b'}", "runtime.teacher_llm.base_url=http://127.0.0.1:9/v1",
+                        "runtime.teacher_llm.max_retries=0", "runtime.teacher_llm.timeout_s=2"],
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env=ENV)
+    assert p.returncode == 2 and "Traceback" not in p.stderr + p.stdout
+    assert p.stderr.strip().splitlines()[-1].startswith("error: the teacher (runtime.teacher_llm.base_url / model)")
 
 
 def test_a_finished_run_is_kept_and_a_bad_file_writes_nothing(tmp_path, scripted):
@@ -201,12 +230,20 @@ def test_the_reranker_loss_mixes_the_teachers_kl_with_its_choice():
 
 # ---------------------------------------------------------------------- the loopback server
 def start_server(tmp_path: Path) -> tuple[subprocess.Popen, str, Path]:
-    log = tmp_path / "requests.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "arbor_train.serve", "port=0", f"request_log={log}"],
-                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV)
-    line = proc.stdout.readline()
-    assert line.startswith("serving smollm2"), line
-    return proc, line.split(" on ", 1)[1].strip(), log
+    """`python -m arbor_train.serve port=0`, once it prints its ready line (log lines may come first)."""
+    log, err = tmp_path / "requests.jsonl", tmp_path / "serve.err"
+    with open(err, "w") as errf:
+        proc = subprocess.Popen([sys.executable, "-m", "arbor_train.serve", "port=0", f"request_log={log}"],
+                                cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=errf, text=True, env=ENV)
+    seen = []
+    for line in proc.stdout:
+        if line.startswith("serving smollm2") and " on http://" in line:  # then keep its stdout drained
+            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+            return proc, line.split(" on ", 1)[1].strip(), log
+        seen.append(line)
+    proc.wait(timeout=30)
+    raise AssertionError(f"the server exited ({proc.returncode}) before its ready line: {''.join(seen)[-2000:]}"
+                         f"{err.read_text()[-3000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -314,7 +351,7 @@ def test_the_distill_tutorial_runs_end_to_end_with_a_kill_and_resume(tmp_path, s
             stats = json.loads((cache.parent / "stats.json").read_text())
             sent = request_hashes(log)[seen0:]
             assert len(set(sent)) == stored + stats["calls"]["calls"]  # nothing stored was asked again
-            assert stats["calls"]["reused"] >= stored and cache_rows(cache) == len(set(sent))
+            assert stats["calls"]["reused"] == stored and cache_rows(cache) == len(set(sent))
             assert stats["splits"]["train"]["turns"] == 3 and stats["splits"]["heldout"]["turns"] == 3
     for code in re.findall(r"```python\n(.*?)```", TUTORIAL.read_text(), re.S):
         p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -333,3 +370,14 @@ def test_the_distill_tutorial_runs_end_to_end_with_a_kill_and_resume(tmp_path, s
     assert p.returncode == 0, p.stderr[-3000:]
     rows = json.loads((out / "results.json").read_text())
     assert [r["row"] for r in rows] == names and (out / "agreement.png").exists()
+
+
+@pytest.mark.parametrize("dist, msg", [({"weight": 1.5}, "task.distill.weight"), ({"weight": "half"}, "task.distill.weight"),
+                                       ({"temperature": 0}, "task.distill.temperature")])
+def test_distill_loss_options_out_of_range_are_refused(dist, msg):
+    from arbor_train.errors import ConfigError
+    from arbor_train.roles.reranker import ROLE
+
+    c = {"task": {"name": "reranker", "head": "classifier", "distill": dist}, "model": {"family": "encoder", "name": "m"}}
+    with pytest.raises(ConfigError, match=msg):
+        ROLE.check(c)

@@ -385,6 +385,13 @@ class Reranker(Role):
         if isinstance(extra, str) or any(e not in EXTRA_PAIR_FEATURES for e in extra):
             raise ConfigError(f"option task.pair_extra must be a list of pair feature groups "
                               f"({', '.join(EXTRA_PAIR_FEATURES)}), got {extra!r}")
+        dist = t.get("distill") or {}
+        w, temp = dist.get("weight", 0.0), dist.get("temperature", 1.0)
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w <= 1:
+            raise ConfigError(f"option task.distill.weight is the share of the loss on the teacher's distribution, "
+                              f"from 0 to 1, got {w!r}")
+        if isinstance(temp, bool) or not isinstance(temp, (int, float)) or temp <= 0:
+            raise ConfigError(f"option task.distill.temperature must be a number above 0, got {temp!r}")
         if (extra or t.get("pair_logit_input")) and not t.get("pair_features"):
             raise ConfigError("options task.pair_extra and task.pair_logit_input extend the pair-feature head: "
                               "set task.pair_features=true")

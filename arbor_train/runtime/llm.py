@@ -234,8 +234,30 @@ class OpenAIEndpoint:
         self.max_retries = max_retries
         self.concurrency = concurrency
         self.backoff_s = backoff_s
-        self.usage: Counter = Counter()
+        self.usage: Counter = Counter({"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "retries": 0})
         self._lock = threading.Lock()
+
+    def usage_snapshot(self) -> dict:
+        """A copy of `usage`, taken under the lock the request threads write it with."""
+        with self._lock:
+            return dict(self.usage)
+
+    def identity(self) -> str:
+        """What the endpoint says it serves under this model name (`GET /models`: the entry's `root`, the
+        checkpoint behind the name, as vLLM and arbor_train.serve report it; "" where it says nothing). A
+        teacher-call cache records it, so that another checkpoint served under the same name is noticed."""
+        req = urllib.request.Request(self.base_url + "/models", headers={"Authorization": f"Bearer {self.api_key}"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
+                data = json.loads(r.read()).get("data") or []
+        except (urllib.error.URLError, TimeoutError, ConnectionError, json.JSONDecodeError, AttributeError) as e:
+            raise ConnectionError(f"OpenAI-compatible endpoint {self.base_url} did not list its models: {e}") from None
+        entry = next((m for m in data if isinstance(m, dict) and m.get("id") == self.model), None)
+        if entry is None:
+            served = [m.get("id") for m in data if isinstance(m, dict)]
+            raise ConnectionError(f"OpenAI-compatible endpoint {self.base_url} does not serve model {self.model!r} "
+                                  f"(it serves {served})")
+        return str(entry.get("root") or "")
 
     def _post(self, payload: dict) -> dict:
         import time
@@ -319,13 +341,15 @@ class RecordedLLM:
     calls made (`calls`), the ones answered from the cache (`cached`) and, of those, the ones an earlier
     run made (`reused`: keys not in `written`, the set of keys this run wrote, shared by the wrappers of
     one run), and the wall seconds spent waiting for calls made (`call_s`); `requested` (shared too) gathers
-    every distinct call asked for. `on_call()` runs after each call (a progress bar)."""
+    every distinct call asked for, `reused_keys` every distinct one an earlier run had made (its size is the
+    number of calls reused). `on_call()` runs after each call (a progress bar)."""
 
     def __init__(self, llm, cache, stats, concurrency: int = 1, on_call=None, written: set | None = None,
-                 requested: set | None = None):
+                 requested: set | None = None, reused_keys: set | None = None):
         self.llm, self.cache, self.stats = llm, cache, stats
         self.written = set() if written is None else written
         self.requested = set() if requested is None else requested
+        self.reused_keys = set() if reused_keys is None else reused_keys
         self.name = llm.name
         self.cache_id = getattr(llm, "cache_id", None) or llm.name
         self.concurrency = concurrency
@@ -358,7 +382,8 @@ class RecordedLLM:
         self.requested.update(keys)
         have = {k: json.loads(v) for k, v in self.cache.get_many(sorted(set(keys))).items()}
         self.stats["cached"] += sum(k in have for k in keys)
-        self.stats["reused"] += sum(k in have and k not in self.written for k in keys)
+        self.reused_keys.update(k for k in keys if k in have and k not in self.written)
+        self.stats["reused"] = len(self.reused_keys)
         todo = list({k: m for k, m in zip(keys, conversations) if k not in have}.items())
 
         def done(part: list, outs: list) -> None:
