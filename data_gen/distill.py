@@ -100,7 +100,7 @@ def record_run(path: Path, calls: int, call_s: float) -> tuple[int, float]:
         if calls:
             runs.put_many([(time.strftime("%Y-%m-%dT%H:%M:%S") + f".{time.time_ns() % 10**9:09d}",
                             json.dumps({"calls": calls, "call_s": call_s}))])
-        rows = [json.loads(v) for (v,) in runs.db.execute("SELECT calls FROM runs").fetchall()]
+        rows = [json.loads(v) for v in runs.values()]
     finally:
         runs.close()
     return sum(r["calls"] for r in rows), sum(r["call_s"] for r in rows)

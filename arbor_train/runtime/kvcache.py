@@ -39,6 +39,10 @@ class SqliteKV:
             out.update(self.db.execute(f"SELECT key, {self.value} FROM {self.table} WHERE key IN ({q})", part).fetchall())
         return out
 
+    def values(self) -> list[str]:
+        """Every stored value, in key order."""
+        return [v for (v,) in self.db.execute(f"SELECT {self.value} FROM {self.table} ORDER BY key").fetchall()]
+
     def put_many(self, items: list[tuple[str, str]]) -> None:
         with self.db:
             self._put(items)
