@@ -80,12 +80,17 @@ def record_calls(comps: dict, cache, stats: Counter, on_call=None) -> list:
     return list(wrapped.values())
 
 
-def endpoint_usage(recorded: list) -> Counter:
-    """Tokens and requests the teacher's endpoints reported (each endpoint once)."""
+def endpoints(recorded: list) -> list:
+    """The OpenAI-compatible endpoints behind the recorded backends, each once."""
     from arbor_train.runtime.llm import OpenAIEndpoint
 
+    return list({id(r.llm): r.llm for r in recorded if isinstance(r.llm, OpenAIEndpoint)}.values())
+
+
+def endpoint_usage(recorded: list) -> Counter:
+    """Tokens and requests the teacher's endpoints reported (each endpoint once)."""
     total: Counter = Counter()
-    for ep in {id(r.llm): r.llm for r in recorded if isinstance(r.llm, OpenAIEndpoint)}.values():
+    for ep in endpoints(recorded):
         total.update(ep.usage_snapshot())
     return total
 
@@ -110,11 +115,10 @@ def check_teacher(recorded: list, path: Path) -> None:
     """The cache remembers which checkpoint answered each endpoint's calls (OpenAIEndpoint.identity); a cache
     written by another checkpoint served under the same name and URL is refused, naming both."""
     from arbor_train.runtime.kvcache import SqliteKV
-    from arbor_train.runtime.llm import OpenAIEndpoint
 
     teachers = SqliteKV(path, table="teachers", value="identity")
     try:
-        for ep in {id(r.llm): r.llm for r in recorded if isinstance(r.llm, OpenAIEndpoint)}.values():
+        for ep in endpoints(recorded):
             now, before = ep.identity(), teachers.get(ep.cache_id)
             if before is None:
                 teachers.put_many([(ep.cache_id, now)])
@@ -303,7 +307,8 @@ def _run(cfg: DictConfig) -> dict:
     runtime_cfg = runtime_config(OmegaConf.to_container(cfg, resolve=True))
     teacher = runtime_label(runtime_cfg)
     comps = build_components(runtime_cfg)
-    cache = SqliteKV(str(cfg.cache or out / "teacher_calls.sqlite"), table="calls", value="answer")
+    cache_path = Path(str(cfg.cache or out / "teacher_calls.sqlite"))
+    cache = SqliteKV(cache_path, table="calls", value="answer")
     calls: Counter = Counter()
     total_turns = sum(min(hi, max_turns or hi) for p in parts.values() for _, _, hi in p)
     bar = tqdm(total=total_turns, desc="distill", unit="turn", disable=not progress)
@@ -317,7 +322,6 @@ def _run(cfg: DictConfig) -> dict:
         bar.set_postfix(calls=calls["calls"], reused=calls["reused"], tokens=tokens, cost=f"{cost:.4f}")
 
     recorded += record_calls(comps, cache, calls, on_call=show)
-    cache_path = Path(str(cfg.cache or out / "teacher_calls.sqlite"))
     model = sorted({r.name for r in recorded}) or [getattr(comps["reranker"], "name", "?")]
     stats: dict = {"teacher": teacher, "teacher_model": ", ".join(model), "source": str(cfg.input), "heldout": share,
                    "seed": seed, "splits": {}, "dropped": Counter(), "turns_without_routing": Counter()}
