@@ -7,10 +7,13 @@ the part of the OpenAI chat API the runtime's `OpenAIEndpoint` uses:
 - `POST /v1/chat/completions` with `model`, `messages`, `max_tokens`, `temperature` (greedy decoding
   only: a temperature above 0 is refused, so a teacher's labels are reproducible), `logprobs` and
   `top_logprobs` (per generated token), answered with `choices`, `usage` and `id`;
+- `response_format`: `{"type": "json_schema", "json_schema": {"schema": ...}}` (OpenAI's structured
+  outputs, as vLLM takes them) or `{"type": "json_object"}`; the output is then decoded inside the schema
+  with xgrammar (arbor_train/runtime/constrain.py), so it is always JSON of that shape;
 - `GET /v1/models`, whose entry's `root` names the checkpoint (its weights' identity), as vLLM's does.
 
 Requests that queue up while the model is busy are generated together (up to `batch_size` with the same
-`max_tokens`), so a client's concurrent requests raise throughput. A request that is malformed gets a 400
+`max_tokens` and schema), so a client's concurrent requests raise throughput. A request that is malformed gets a 400
 naming the field; an unknown model a 404. With `request_log`, every request is appended to a JSONL file
 (the sha256 of its body and the status), which is how the tests count repeated teacher calls.
 
@@ -49,6 +52,7 @@ class Job:
     messages: list[dict]
     max_tokens: int
     top_logprobs: int | None        # None: no logprobs
+    schema: str | None = None       # the JSON schema the output follows (canonical JSON), or None
     done: Future = field(default_factory=Future)
 
 
@@ -78,7 +82,25 @@ def parse_request(body: bytes, served_name: str, cap: int) -> Job:
         top = req.get("top_logprobs", 0)
         if not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= 20:
             raise BadRequest(f"field 'top_logprobs' must be an integer from 0 to 20, got {top!r}")
-    return Job([{"role": m["role"], "content": m["content"]} for m in msgs], n, top)
+    return Job([{"role": m["role"], "content": m["content"]} for m in msgs], n, top,
+               response_schema(req.get("response_format")))
+
+
+def response_schema(fmt) -> str | None:
+    """The JSON schema a `response_format` asks for, as canonical JSON (None: free text), or BadRequest."""
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json.dumps({"type": "object"})
+    if kind == "json_schema":
+        schema = (fmt.get("json_schema") or {}).get("schema") if isinstance(fmt.get("json_schema"), dict) else None
+        if not isinstance(schema, dict):
+            raise BadRequest("field 'response_format.json_schema.schema' must be a JSON schema object")
+        return json.dumps(schema, sort_keys=True)
+    raise BadRequest(f"field 'response_format.type' must be text, json_object or json_schema, got {kind!r}")
 
 
 class Generator:
@@ -105,8 +127,8 @@ class Generator:
                     j = self.jobs.get_nowait()
                 except queue.Empty:
                     break
-                (batch if (j.max_tokens, j.top_logprobs is None) == (first.max_tokens, first.top_logprobs is None)
-                 else held).append(j)
+                (batch if (j.max_tokens, j.top_logprobs is None, j.schema)
+                 == (first.max_tokens, first.top_logprobs is None, first.schema) else held).append(j)
             for j in held:
                 self.jobs.put(j)
             try:
@@ -125,10 +147,21 @@ class Generator:
         enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False,
                   return_token_type_ids=False).to(llm.device)
         want_lp = any(j.top_logprobs is not None for j in batch)
+        extra: dict = {}
+        if batch[0].schema is not None:  # a batch shares one schema (_loop)
+            from transformers import LogitsProcessorList
+
+            from .runtime.constrain import json_constraint
+
+            try:
+                proc = json_constraint(llm).schema_processor(json.loads(batch[0].schema))
+            except Exception as e:  # noqa: BLE001 - xgrammar's own message, to the client
+                raise BadRequest(f"field 'response_format': the schema does not compile ({e})") from None
+            extra["logits_processor"] = LogitsProcessorList([proc])
         with torch.inference_mode():
             gen = llm.model.generate(**enc, max_new_tokens=batch[0].max_tokens, do_sample=False,
                                      pad_token_id=tok.pad_token_id, return_dict_in_generate=True,
-                                     output_logits=want_lp)
+                                     output_logits=want_lp, **extra)
         width = enc["input_ids"].shape[1]
         eos = set(tok.all_special_ids) if tok.eos_token_id is None else {tok.eos_token_id, tok.pad_token_id}
         out = []

@@ -18,6 +18,13 @@ the schemas the roles already train on (arbor_train/conversations/supervision.py
 Every turn is committed where the teacher routed it, with the teacher's extraction, so later candidates
 come from the teacher's own forest. File labels (`parent`) are not used: the teacher labels every turn.
 
+`roles=[...]` limits what the teacher labels (routing, tags, and extraction kinds by name); the other roles
+run with the heuristic components and give no rows, so a teacher that is only asked for facts costs one
+call per turn. `input_format=locomo` reads LoCoMo JSON instead of a conversation file, one turn per
+interaction (the unit eval.extraction scores; arbor_train.conversations.locomo.interaction_files), and
+`input_format=irc` a split folder of the Ubuntu IRC corpus, one conversation per file, one turn per
+message read as `nick: text` (arbor_train.conversations.irc.irc_conversations; its links are not read).
+
 Teacher calls go through a disk cache (arbor_train.runtime.llm.RecordedLLM) written call by call, so a
 killed run started again with the same command repeats no finished call; the card reports calls made,
 calls answered from the cache, tokens, wall time, the estimated cost and the drops.
@@ -34,10 +41,12 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from arbor_train.errors import ConfigError, OutputExistsError, entry_point, parse_bool, parse_float, parse_int
+from arbor_train.errors import (ConfigError, MissingInputError, OutputExistsError, entry_point, parse_bool, parse_choice,
+                                parse_float, parse_int)
 from arbor_train.paths import CONF_DIR
 
 SETS = ("routing", "extraction", "tags")
+INPUT_FORMATS = ("conversations", "locomo", "irc")
 TEACHER_ROUTES = ("rerank", "temporal_return")  # routes the teacher's router decided (others: cues, no scores)
 
 
@@ -93,6 +102,32 @@ def endpoint_usage(recorded: list) -> Counter:
     for ep in endpoints(recorded):
         total.update(ep.usage_snapshot())
     return total
+
+
+def parse_roles(value) -> tuple[str, ...] | None:
+    """Option roles: null (every role the teacher's components play) or a list of ROLES."""
+    from arbor_train.runtime.extract import KINDS
+
+    if value is None:
+        return None
+    known = ("routing", "tags", *KINDS)
+    items = list(value) if not isinstance(value, str) and hasattr(value, "__iter__") else None
+    if not items or any(not isinstance(x, str) or x not in known for x in items):
+        raise ConfigError(f"option roles must be null or a non-empty list of {', '.join(known)}; got {value!r}")
+    return tuple(dict.fromkeys(items))
+
+
+def teach_only(runtime_cfg: dict, roles: tuple[str, ...] | None) -> dict:
+    """The teacher's runtime with the roles not in `roles` played by the heuristic components (no calls)."""
+    if roles is None:
+        return runtime_cfg
+    out = dict(runtime_cfg, extractors={k: (v if k in roles else "heuristic")
+                                        for k, v in runtime_cfg["extractors"].items()})
+    if "routing" not in roles:
+        out["reranker"] = {"kind": "heuristic"}
+    if "tags" not in roles:
+        out["tagger"] = {"kind": "heuristic"}
+    return out
 
 
 def record_run(path: Path, calls: int, call_s: float) -> tuple[int, float]:
@@ -168,8 +203,9 @@ def prefetch(comps: dict, turns: list[dict], kinds: list[str]) -> None:
     for kind in kinds:  # only recorded calls: an unrecorded local model would run twice for nothing
         ex = comps["extractors"].by_kind[kind]
         if isinstance(ex, LLMExtractor) and not isinstance(ex, OnePassExtractor) and isinstance(ex.llm, RecordedLLM):
-            ex.llm.chat([extract_messages(kind, t["user"], t.get("assistant") or "", t.get("timestamp")) for t in turns],
-                        SUMMARY_TOKENS if kind == "summary" else ex.max_new_tokens)
+            ex.generate([extract_messages(kind, t["user"], t.get("assistant") or "", t.get("timestamp")) for t in turns],
+                        SUMMARY_TOKENS if kind == "summary" else ex.max_new_tokens,
+                        grammar=None if kind == "summary" else kind)  # as LLMExtractor.run asks
     tagger = comps["tagger"]
     if isinstance(tagger, LLMTagger) and isinstance(tagger.llm, RecordedLLM):
         tagger.llm.chat([tag_messages(t["user"], tagger.labels) for t in turns], max_new_tokens=48)
@@ -177,14 +213,15 @@ def prefetch(comps: dict, turns: list[dict], kinds: list[str]) -> None:
 
 def distill_conversation(conv_id: str, turns: list[dict], runtime_cfg: dict, comps: dict, rows_from: int,
                          rows: dict[str, list[dict]], drops: list[dict], counts: Counter, split_name: str,
-                         on_turn=None) -> None:
+                         on_turn=None, roles: tuple[str, ...] | None = None) -> None:
     """One conversation through the teacher: rows for its turns from position `rows_from` on (earlier turns
-    are context), appended to `rows` and `drops`."""
+    are context), appended to `rows` and `drops`; only for `roles` (None: every role)."""
     from arbor_train.runtime.extract import TurnInput
     from arbor_train.runtime.memory import enabled_kinds
     from data_gen.replay import Replay
 
-    kinds = enabled_kinds(runtime_cfg)
+    kinds = [k for k in enabled_kinds(runtime_cfg) if roles is None or k in roles]
+    routing, tagging = (roles is None or r in roles for r in ("routing", "tags"))
     checked = getattr(comps["tagger"], "predict_checked", None)
     prefetch(comps, turns, kinds)
     with Replay(conv_id, runtime_cfg, comps) as rp:
@@ -197,7 +234,7 @@ def distill_conversation(conv_id: str, turns: list[dict], runtime_cfg: dict, com
                 base = {"session_id": conv_id, "turn": t["turn"], "input": t["user"], "timestamp": t.get("timestamp")}
                 counts["turns"] += 1
                 cands = step.candidates
-                if loc.route in TEACHER_ROUTES and cands:
+                if routing and loc.route in TEACHER_ROUTES and cands:
                     # a temporal return attaches to the best candidate whatever its score: its row keeps the
                     # choice, without soft targets that would put the mass on a new root it did not take
                     soft = loc.route == "rerank"
@@ -210,20 +247,20 @@ def distill_conversation(conv_id: str, turns: list[dict], runtime_cfg: dict, com
                                             "route": loc.route, "gold_recalled": True, "label_rule": "teacher",
                                             "teacher_new_root": float(threshold) if soft else None})
                     counts["new_root"] += best < 0
-                else:
+                elif routing:
                     counts[f"routing_no_scores_{loc.route}"] += 1
                 n_drops = len(drops)
-                row = extraction_row(base, t.get("assistant") or "", ex, kinds, drops)
+                row = extraction_row(base, t.get("assistant") or "", ex, kinds, drops) if kinds else None
                 if row is not None:
                     rows["extraction"].append(row)
-                if checked is not None:
+                if tagging and checked is not None:
                     tags, report, raw = checked([t["user"]])[0]
                     if report.rejected:
                         drops.append({"session_id": conv_id, "turn": t["turn"], "set": "tags", "kind": "tags",
                                       "reasons": list(report.rejected), "raw": str(raw)[:500]})
                     else:
                         rows["tags"].append({**base, "source": "turn", "tags": tags})
-                else:
+                elif tagging:
                     rows["tags"].append({**base, "source": "turn", "tags": comps["tagger"].predict([t["user"]])[0]})
                 for d in drops[n_drops:]:
                     d["split"] = split_name
@@ -235,7 +272,9 @@ def card(stats: dict) -> str:
     c = stats["calls"]
     lines = [f"# Distilled supervision: {stats['teacher']}", "",
              f"Source: {stats['source']}. Made by `python -m data_gen.distill` with teacher `{stats['teacher']}` "
-             f"({stats['teacher_model']}).", "",
+             f"({stats['teacher_model']})"
+             + (f", labelling {', '.join(stats['roles'])} only (the other roles heuristic, without rows)"
+                if stats.get("roles") else "") + ".", "",
              "| split | conversations | turns | routing rows | new-root rows | extraction rows | tag rows |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for name, s in stats["splits"].items():
@@ -297,14 +336,27 @@ def _run(cfg: DictConfig) -> dict:
     if (out / "README.md").exists() and not overwrite:  # a finished run; a killed one (no card) resumes
         raise OutputExistsError(f"out_dir={str(out)!r} holds a finished distillation; pass overwrite=true to "
                                 "replace it (its teacher-call cache is reused)")
-    convs = load_conversations(str(cfg.input), dict(cfg.runtime.limits))  # the whole file checked first
+    fmt = parse_choice(cfg.input_format, "input_format", INPUT_FORMATS)
+    roles = parse_roles(cfg.roles)
+    if fmt != "conversations" and not Path(str(cfg.input)).exists():
+        raise MissingInputError(f"option input={str(cfg.input)!r}: no such file or folder")
+    if fmt == "locomo":
+        from arbor_train.conversations.locomo import interaction_files
+
+        convs = interaction_files(str(cfg.input))
+    elif fmt == "irc":
+        from arbor_train.conversations.irc import irc_conversations
+
+        convs = irc_conversations(str(cfg.input))
+    else:
+        convs = load_conversations(str(cfg.input), dict(cfg.runtime.limits))  # the whole file checked first
     convs = convs[:max_convs] if max_convs else convs
     parts = split(convs, share, seed)
     for name, items in parts.items():  # before any teacher call
         if not any(lo < min(hi, max_turns or hi) for _, lo, hi in items):
             raise ConfigError(f"input={cfg.input}: the {name} split has no turn left to label with max_turns={max_turns} "
                               "(raise max_turns, or hold out whole conversations)")
-    runtime_cfg = runtime_config(OmegaConf.to_container(cfg, resolve=True))
+    runtime_cfg = teach_only(runtime_config(OmegaConf.to_container(cfg, resolve=True)), roles)
     teacher = runtime_label(runtime_cfg)
     comps = build_components(runtime_cfg)
     cache_path = Path(str(cfg.cache or out / "teacher_calls.sqlite"))
@@ -324,6 +376,7 @@ def _run(cfg: DictConfig) -> dict:
     recorded += record_calls(comps, cache, calls, on_call=show)
     model = sorted({r.name for r in recorded}) or [getattr(comps["reranker"], "name", "?")]
     stats: dict = {"teacher": teacher, "teacher_model": ", ".join(model), "source": str(cfg.input), "heldout": share,
+                   "roles": list(roles) if roles is not None else None, "input_format": fmt,
                    "seed": seed, "splits": {}, "dropped": Counter(), "turns_without_routing": Counter()}
     t0 = time.perf_counter()
     written: dict[str, tuple[dict, dict]] = {}
@@ -338,7 +391,7 @@ def _run(cfg: DictConfig) -> dict:
                 if lo >= hi:
                     continue
                 distill_conversation(conv.conversation_id, numbered(conv)[:hi], runtime_cfg, comps, lo, rows, drops,
-                                     counts, name, on_turn=lambda: (bar.update(1), show()))
+                                     counts, name, on_turn=lambda: (bar.update(1), show()), roles=roles)
             if not any(rows.values()):
                 raise ConfigError(f"input={cfg.input}: the {name} split gave no rows (every teacher output was "
                                   "rejected, or no turn was left: see max_turns)")

@@ -33,11 +33,6 @@ from arbor_train.errors import ConfigError, MissingInputError, OutputExistsError
 from arbor_train.paths import CONF_DIR
 
 
-def message_text(m) -> str:
-    """What the runtime reads of a message: the speaker, then the text ("alice: try sudo apt update")."""
-    return f"{m.speaker}: {m.text}" if m.speaker else m.text
-
-
 def conversation_row(f) -> dict:
     from arbor_train.conversations.schema import Conversation, Session, Turn
 
@@ -54,6 +49,7 @@ def routing_rows(f, runtime_cfg: dict, comps: dict, counts: Counter, teacher_for
                  seed: int = 0) -> list[dict]:
     """The file's annotated messages as routing rows: the generic replay (data_gen/conversations.py) over its
     non-system lines, each turn numbered by its line, the annotation's links as gold parents."""
+    from arbor_train.conversations.irc import message_text
     from data_gen.replay import replay_routing
 
     turns = [{"turn": m.line, "user": message_text(m), "assistant": "", "timestamp": m.time, "speaker": m.speaker,

@@ -13,7 +13,12 @@ eval.pipeline.run_stages):
    LoCoMo observations (facts), likewise excluded and checked.
 3. `facts_<extractor>_f<k>`: the fact extractor against the held-out conversations' observations
    (eval.extraction): heuristic, untuned prompted (first `facts_untuned_interactions` of each
-   conversation: a CPU budget), tuned.
+   conversation: a CPU budget), tuned; and, for a distillation of LoCoMo (`distilled`: the out_dir of
+   `python -m data_gen.distill input_format=locomo roles=[facts]`), the teacher's own labels
+   (`teacher`: eval.extraction extractor=recorded) and the student distilled from them (`distilled`:
+   `train_d_f<k>` / `export_d_f<k>`, the tuned adapter's recipe with the teacher's facts of the other
+   folds' conversations in place of the observations). `facts_max_interactions` caps every fact
+   evaluation at the first N interactions of each held-out conversation.
 4. `eval_f<k>`: every row of `rows` and every ablation of the localized runtime (`ablations`) at every
    budget of `budgets` on the held-out conversations (one eval.compare grid process, so a cross-encoder
    scores each question-state pair once across budgets).
@@ -72,7 +77,7 @@ ABLATIONS = ("state_localization", "localized_states", "routing", "atomic_facts"
              "structured_evidence")
 MEASURES = ("evidence_recall", "answer_token_recall")
 LOCALIZATION = ("localization_at_1", "localization_at_5", "evidence_in_candidates")
-FACT_EXTRACTORS = ("heuristic", "untuned", "tuned")
+FACT_EXTRACTORS = ("heuristic", "untuned", "tuned", "teacher", "distilled")
 
 
 def split_folds(ids: list[str], k: int) -> list[list[str]]:
@@ -104,6 +109,8 @@ def check_options(c: dict) -> None:
         raise ConfigError(f"option budgets must be a non-empty list of read budgets, got {c['budgets']!r}")
     c["budgets"] = [parse_int(b, f"budgets[{i}]", minimum=1) for i, b in enumerate(c["budgets"])]
     c["facts_untuned_interactions"] = parse_int(c["facts_untuned_interactions"], "facts_untuned_interactions", minimum=1)
+    if c.get("facts_max_interactions") is not None:
+        c["facts_max_interactions"] = parse_int(c["facts_max_interactions"], "facts_max_interactions", minimum=1)
     for key, known in (("rows", ROWS), ("ablations", ABLATIONS), ("fact_extractors", FACT_EXTRACTORS),
                        ("tuned_kinds", ("summary", "entities", "facts", "states", "artifacts", "events"))):
         if not isinstance(c[key], list):
@@ -113,6 +120,10 @@ def check_options(c: dict) -> None:
     parse_choice(c["extractor"]["experiment"], "extractor.experiment", conf_options("experiment"))
     if not isinstance(c["extractor"].get("overrides", []), list):
         raise ConfigError(f"option extractor.overrides must be a list of overrides, got {c['extractor']['overrides']!r}")
+    if {"teacher", "distilled"} & set(c["fact_extractors"]) and not (Path(str(c["distilled"])) / "stats.json").exists():
+        raise MissingInputError(f"option distilled={c['distilled']!r}: no finished distillation there (python -m "
+                                "data_gen.distill input=<LoCoMo files> input_format=locomo 'roles=[facts]' teacher=... "
+                                f"out_dir={c['distilled']})")
     for key in ("input", "supervision"):
         if not Path(str(c[key])).exists():
             hint = " (run python -m data_gen.locomo input=<LoCoMo files> first)" if key == "supervision" else ""
@@ -206,28 +217,42 @@ def plan(c: dict, folds: list[list[str]], out: Path) -> list:
                                 what="router bundle"))
         if not extract:
             bundle = None
+        adapters = []  # (stage suffix, bundle, run folder, LoCoMo facts source, what)
         if bundle is not None:
-            mix = ("data.mix=[{dir: " + sup + ", sets: [extraction], kinds: [facts], exclude_sessions: "
+            adapters.append(("", bundle, run_dir, sup, "LoCoMo facts"))
+        if "distilled" in c["fact_extractors"]:
+            adapters.append(("_d", fold / "bundle_distilled", fold / "train_distilled" / "run",
+                             str((Path(c["distilled"]) / "train").resolve()), "the teacher's LoCoMo facts"))
+        for tag, b_dir, r_dir, facts_dir, facts_what in adapters:
+            mix = ("data.mix=[{dir: " + facts_dir + ", sets: [extraction], kinds: [facts], exclude_sessions: "
                    + _list(held) + ", max_rows: " + str(c["mix_max_rows"]) + "}]")
             # the untuned model's held-out metrics are the same in every fold (same base model, same held-out
-            # BranchMemEval set): the first fold this run trains computes them, the others skip them
-            again = [] if not any(st.name.startswith("train_f") for st in stages) else ["task.compare_baselines=false"]
-            stages.append(Stage(f"train_f{k}", [*py, "-m", "arbor_train.train",
-                                                f"experiment={c['extractor']['experiment']}", f"run_dir={run_dir}",
-                                                mix, *again, *c["extractor"].get("overrides", [])],
-                                what=f"extractor adapter, every kind; LoCoMo facts from every conversation but {held}"))
-            stages.append(Stage(f"export_f{k}", [*py, "-m", "arbor_train.export", f"run_dir={run_dir}",
-                                                 f"out={bundle}", "overwrite=true"], [f"train_f{k}"],
+            # BranchMemEval set): the first adapter this run trains computes them, the others skip them
+            again = [] if not any(st.name.startswith("train_") for st in stages) else ["task.compare_baselines=false"]
+            stages.append(Stage(f"train{tag}_f{k}", [*py, "-m", "arbor_train.train",
+                                                     f"experiment={c['extractor']['experiment']}", f"run_dir={r_dir}",
+                                                     mix, *again, *c["extractor"].get("overrides", [])],
+                                what=f"extractor adapter, every kind; {facts_what} from every conversation but {held}"))
+            stages.append(Stage(f"export{tag}_f{k}", [*py, "-m", "arbor_train.export", f"run_dir={r_dir}",
+                                                      f"out={b_dir}", "overwrite=true"], [f"train{tag}_f{k}"],
                                 what="extractor bundle"))
         common = [f"input={c['input']}", f"conversations={_list(held)}"]
+        cap = [] if c.get("facts_max_interactions") is None else [f"max_interactions={c['facts_max_interactions']}"]
         for ex in c["fact_extractors"]:
             argv = [*py, "-m", "eval.extraction", *common, f"run_dir={out / f'facts_{ex}_f{k}'}"]
             deps: list[str] = []
             if ex == "untuned":
                 argv += ["extractor=prompted", f"max_interactions={c['facts_untuned_interactions']}"]
-            elif ex == "tuned":
+            else:
+                argv += cap
+            if ex == "tuned":
                 argv += ["extractor=bundle", f"bundle.path={bundle}"]
                 deps = [f"export_f{k}"]
+            elif ex == "distilled":
+                argv += ["extractor=bundle", f"bundle.path={fold / 'bundle_distilled'}"]
+                deps = [f"export_d_f{k}"]
+            elif ex == "teacher":
+                argv += ["extractor=recorded", f"recorded.dir={Path(c['distilled']).resolve()}"]
             stages.append(Stage(f"facts_{ex}_f{k}", argv, deps, what=f"fact F1 against held-out observations ({ex})"))
         fills = {"tuned": tuned_overrides(c, bundle), "router": tuned_overrides(c, bundle, router)}
         needs_of = {"tuned": [f"export_f{k}"] if bundle is not None else [],
@@ -327,13 +352,16 @@ def tables(merged: dict, c: dict) -> str:
     lines = [f"LoCoMo cross-validation: {len(folds)} folds ({'; '.join(','.join(f) for f in folds)}), "
              f"{len(done)} run ({', '.join(map(str, done))}); each cell is the mean over the folds run of "
              "evidence recall / answer-token recall (per-fold values below).", ""]
+    if not merged["rows"]:  # fact extraction only (rows=[] ablations=[])
+        lines = [f"LoCoMo cross-validation: {len(folds)} folds ({'; '.join(','.join(f) for f in folds)}), fact "
+                 "extraction only."]
     budgets = sorted({r["budget"] for r in merged["rows"]})
     names = list(dict.fromkeys(r["row"] for r in merged["rows"]))
     at = {(r["row"], r["budget"]): r for r in merged["rows"]}
     # ingest seconds are left out here: a fold's runs reuse the extraction cache its fact evaluation filled
     # (eval.bench target=extract measures extraction cost without it)
     lines += ["| row | " + " | ".join(f"{b:,}" for b in budgets) + " | read p95 (ms, worst budget) |",
-              "|---|" + "---:|" * (len(budgets) + 1)]
+              "|---|" + "---:|" * (len(budgets) + 1)] if names else []
     for n in names:
         cells = [f"{_f(at[(n, b)]['evidence_recall'])} / {_f(at[(n, b)]['answer_token_recall'])}" if (n, b) in at else "—"
                  for b in budgets]
@@ -342,7 +370,7 @@ def tables(merged: dict, c: dict) -> str:
         p95s = [at[(n, b)].get("read_s_p95") for b in budgets if (n, b) in at and at[(n, b)].get("read_s_p95") is not None]
         p95 = max(p95s) if p95s else None
         lines.append(f"| {n} | " + " | ".join(cells) + f" | {'—' if p95 is None else f'{p95 * 1000:.1f}'} |")
-    for m in MEASURES:
+    for m in MEASURES if names else ():
         lines += ["", f"Per fold, {m.replace('_', ' ')}:", "",
                   "| row | budget | mean | " + " | ".join(f"fold {k} ({','.join(f)})" for k, f in enumerate(folds)) + " |",
                   "|---|---:|---:|" + "---:|" * len(folds)]
@@ -385,6 +413,12 @@ def tables(merged: dict, c: dict) -> str:
         if "untuned" in merged["facts"]:
             lines.append(f"\n(untuned: the first {c['facts_untuned_interactions']} interactions of each held-out "
                          "conversation)")
+        if c.get("facts_max_interactions") and set(merged["facts"]) - {"untuned"}:
+            lines.append(f"\n(every other extractor: the first {c['facts_max_interactions']} interactions of each "
+                         "held-out conversation)")
+        if {"teacher", "distilled"} & set(merged["facts"]):
+            lines.append(f"\n(teacher: the labels of the distillation in {c['distilled']}, scored without calling it "
+                         "again; distilled: the tuned recipe with those labels in place of the observations)")
     return "\n".join(lines) + "\n"
 
 
@@ -398,8 +432,9 @@ def plot(merged: dict, out: Path) -> list[Path]:
     rows = [r for r in merged["rows"] if " without " not in r["row"]]
     names = list(dict.fromkeys(r["row"] for r in rows))
     budgets = sorted({r["budget"] for r in rows})
+    pics = plot_facts(merged, out, plt)
     if len(budgets) < 2:
-        return []
+        return pics
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, m in zip(axes, MEASURES):
         for n in names:
@@ -418,6 +453,33 @@ def plot(merged: dict, out: Path) -> list[Path]:
     fig.suptitle("LoCoMo cross-validation: held-out conversations")
     fig.tight_layout()
     p = out / "locomo_cv_budget_curve.png"
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    return [p, *pics]
+
+
+def plot_facts(merged: dict, out: Path, plt) -> list[Path]:
+    """Fact F1 against the held-out observations: one group of bars per fold, one bar per extractor."""
+    facts = merged["facts"]
+    if not facts:
+        return []
+    folds = merged["folds"]
+    names = list(facts)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(folds) + 2), 3.8))
+    width = 0.8 / len(names)
+    for i, n in enumerate(names):
+        pf = facts[n]["per_fold"]
+        ys = [(pf.get(k) or pf.get(str(k)) or {}).get("f1") for k in range(len(folds))]
+        xs = [k + (i - (len(names) - 1) / 2) * width for k in range(len(folds))]
+        ax.bar([x for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None], width,
+               label=f"{n} (mean {facts[n]['f1']:.3f})" if facts[n]["f1"] is not None else n)
+    ax.set_xticks(range(len(folds)), [f"fold {k}\n({','.join(f)})" for k, f in enumerate(folds)])
+    ax.set_ylabel("fact F1 vs observations")
+    ax.set_title("LoCoMo fact extraction on held-out conversations")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    p = out / "locomo_cv_facts.png"
     fig.savefig(p, dpi=120)
     plt.close(fig)
     return [p]

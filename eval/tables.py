@@ -9,7 +9,8 @@ A table config names what the table is made of, so nobody stitches commands toge
                                `config: forgetting`), whose result lists the rows (`rows_from`: a key of
                                it holding a list of dicts, labelled by `row_label`, or a dict of dicts;
                                `row: <label>`: the result itself is the table's one row; or `rows:
-                               {label: [overrides]}`: one run per row, each run's result that row)
+                               {label: [overrides]}`: one run per row, each run's result that row;
+                               `row_names: {label: shown name}` renames rows found in the result)
     needs: [{path, command}]   inputs that must exist first (data sets, bundles), each with the command making it
                                (and `option`, the eval.run option it feeds: an override of it replaces the path)
     common: [overrides]        eval.run overrides of every row (the data set, the benchmark)
@@ -242,7 +243,9 @@ def run_module(t: dict, overrides: list[str], runs: Path) -> tuple[list[dict], l
     else:
         raise ConfigError(f"conf/table/{t['name']}.yaml: rows_from={t['rows_from']!r} is not a list or a dict "
                           f"in the result of {t['module']}")
-    rows = [{"row": label, "budget": r.get("budget"), **{k: value(r, k) for _, k in t["columns"]}} for label, r in items]
+    shown = t.get("row_names") or {}
+    rows = [{"row": str(shown.get(label, label)), "budget": r.get("budget"), **{k: value(r, k) for _, k in t["columns"]}}
+            for label, r in items]
     md = None
     if t.get("markdown_from"):
         md = value(res, t["markdown_from"])

@@ -52,7 +52,10 @@ class ScriptedTeacher(BaseHTTPRequestHandler):
                 {"token": "yes", "logprob": yes, "top_logprobs": [{"token": "yes", "logprob": yes},
                                                                   {"token": "no", "logprob": -1.0}]}]}}
         else:
-            if text.startswith(EXTRACT_INSTRUCTIONS["facts"]):
+            if text.startswith(EXTRACT_INSTRUCTIONS["facts"]) and req.get("response_format"):
+                # inside the schema: one fact for a turn about the support group, none otherwise
+                out = '[{"text": "Caroline went to a LGBTQ support group"}]' if "support group" in text else "[]"
+            elif text.startswith(EXTRACT_INSTRUCTIONS["facts"]):
                 out = "Sure! The facts are: Ana likes tea."
             elif text.startswith(EXTRACT_INSTRUCTIONS["events"]):
                 out = '[{"note": "no fields"}]'
@@ -184,6 +187,141 @@ def test_a_finished_run_is_kept_and_a_bad_file_writes_nothing(tmp_path, scripted
     assert not (tmp_path / "other").exists()
 
 
+LOCOMO = REPO_ROOT.parent / "shared" / "data" / "locomo"
+
+
+@pytest.mark.skipif(not LOCOMO.exists(), reason="../shared/data/locomo is not beside the repository")
+def test_a_facts_only_teacher_labels_locomo_interactions_inside_the_schema_and_is_scored_from_its_rows(tmp_path,
+                                                                                                      scripted):
+    from arbor_train.errors import ConfigError
+    from arbor_train.runtime.constrain import SCHEMAS
+    from data_gen.distill import run
+    from eval.extraction import run as score
+    from hydra import compose, initialize_config_dir
+
+    from arbor_train.paths import CONF_DIR
+
+    out = tmp_path / "out"
+    stats = run(distill_cfg(f"input={LOCOMO / '26.json'}", "input_format=locomo", "roles=[facts]", "max_turns=6",
+                            "runtime.extractors.facts.constrained=true", f"out_dir={out}",
+                            f"runtime.teacher_llm.base_url=http://127.0.0.1:{scripted.server_port}/v1"))
+    # one request per interaction, each a facts prompt with the facts schema as OpenAI's response_format; the
+    # router, the tagger and the other kinds are heuristic: no call, no row
+    assert len(scripted.requests) == 6 == stats["calls"]["calls"]
+    for r in scripted.requests:
+        assert r["messages"][-1]["content"].startswith(EXTRACT_INSTRUCTIONS["facts"])
+        assert r["response_format"] == {"type": "json_schema", "json_schema": {"name": "output", "schema": SCHEMAS["facts"]}}
+    rows = {s: [json.loads(x) for x in (out / "train" / "jsonl" / f"{s}.jsonl").read_text().splitlines()]
+            for s in ("routing", "extraction", "tags")}
+    assert not rows["routing"] and not rows["tags"] and len(rows["extraction"]) == 6
+    assert all(set(json.loads(r["target"])) == {"facts"} and r["session_id"] == "26" for r in rows["extraction"])
+    # the interaction's text as the evaluation reads it: the speaker's name, the reply after it, the session date
+    assert rows["extraction"][1]["input"].startswith("Caroline: ") and rows["extraction"][1]["assistant"].startswith("Melanie: ")
+    labelled = [r["turn"] for r in rows["extraction"] if json.loads(r["target"])["facts"]]
+    assert labelled and "labelling facts only" in (out / "README.md").read_text()
+    # the teacher's labels scored against the observations without calling it again
+    def xcfg(*o):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return compose(config_name="extraction", overrides=[f"input={LOCOMO}", f"run_dir={tmp_path / 'x'}",
+                                                                "extractor=recorded", f"recorded.dir={out}", *o])
+    n = len(scripted.requests)
+    res = score(xcfg("conversations=[26]", "max_interactions=6"))
+    assert len(scripted.requests) == n and res["interactions"] == 6
+    assert res["predicted_facts"] == len(labelled) and res["json_validity"] == 1.0
+    assert res["seconds_per_interaction"] == stats["teacher_s_per_turn"]
+    with pytest.raises(ConfigError, match="no row for conversation 26 interaction 7"):
+        score(xcfg("conversations=[26]", "max_interactions=7"))
+    with pytest.raises(ConfigError, match=r"option roles must be null or a non-empty list of routing, tags, summary"):
+        run(distill_cfg(f"input={LOCOMO / '26.json'}", "input_format=locomo", "roles=[fact]", f"out_dir={tmp_path / 'y'}"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not LOCOMO.exists(), reason="../shared/data/locomo is not beside the repository")
+def test_the_distill_locomo_table_runs_at_smoke_size(tmp_path, scripted, smoke_data):
+    """conf/table/distill_locomo.yaml on two LoCoMo conversations (2 folds, fold 0): the scripted teacher labels
+    the facts, and the teacher's rows, the distilled and the gold-trained adapters (2 steps) and the heuristic
+    are scored on the held-out conversation's first interactions."""
+    import shutil
+
+    from hydra import compose, initialize_config_dir
+
+    from arbor_train.paths import CONF_DIR
+    from data_gen.distill import run
+    from data_gen.locomo import run as make_supervision
+    from eval.tables import load, run_table
+
+    (tmp_path / "in").mkdir()
+    for cid in ("26", "30"):
+        shutil.copy(LOCOMO / f"{cid}.json", tmp_path / "in" / f"{cid}.json")
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        make_supervision(compose(config_name="locomo", overrides=[
+            f"input={tmp_path / 'in'}", f"out_dir={tmp_path / 'sup'}", "progress=false", "runtime/components=minilm",
+            "runtime.reranker.kind=heuristic", "runtime/read_policy=cross_session"]))
+    run(distill_cfg(f"input={tmp_path / 'in'}", "input_format=locomo", "roles=[facts]", "max_turns=12",
+                    "runtime.extractors.facts.constrained=true", f"out_dir={tmp_path / 'dist'}",
+                    f"runtime.teacher_llm.base_url=http://127.0.0.1:{scripted.server_port}/v1"))
+    t = load("distill_locomo")
+    tiny = ("extractor.overrides=['trainer.max_steps=2','data.max_train_examples=8','data.max_val_examples=4',"
+            f"'task.gen_examples=2','task.compare_baselines=false','logger=csv','data.train_dir={smoke_data}',"
+            f"'data.val_dir={smoke_data}']")
+    smoke = [o for o in t["smoke"] if not o.startswith("extractor.overrides=")]
+    res = run_table("distill_locomo", [*smoke, tiny, f"input={tmp_path / 'in'}", f"supervision={tmp_path / 'sup'}",
+                                       f"distilled={tmp_path / 'dist'}", "folds=2"], tmp_path / "table")
+    assert [r["row"] for r in res["rows"]] == list(t["row_names"].values())
+    by = {r["row"]: r for r in res["rows"]}
+    assert by["heuristic"]["seconds_per_interaction"] is not None and by["distilled student"]["f1"] is not None
+    # the held-out conversation's second interaction is the one the scripted teacher gave a fact
+    teacher = json.loads((tmp_path / "table" / "runs" / "facts_teacher_f0" / "results.json").read_text())["results"]
+    assert teacher["conversations"] == ["26"] and teacher["interactions"] == 3 and teacher["predicted_facts"] == 1
+    dist = json.loads((tmp_path / "table" / "runs" / "fold0" / "bundle_distilled" / "manifest.json").read_text())
+    assert dist["training_sessions"] == ["30"]  # the teacher's labels of the other fold only
+    assert (tmp_path / "table" / "locomo_cv_facts.png").exists()
+
+
+def test_a_routing_only_teacher_labels_irc_messages_as_the_benchmark_reads_them(tmp_path, scripted):
+    from data_gen.distill import run
+
+    d = tmp_path / "irc" / "train"
+    d.mkdir(parents=True)
+    lines = ["[10:00] <alice> how do I raise my budget quota?", "=== bob has joined #ubuntu",
+             "[10:01] <carol> anyone using pulseaudio on 9.04?", "[10:02] <dave> alice: the budget is in quota.conf",
+             "[10:03] <alice> dave: thanks, the budget works", "[10:04] <erin> carol: yes, pulseaudio is fine"]
+    (d / "2009-01-01_00.ascii.txt").write_text("\n".join(lines) + "\n")
+    (d / "2009-01-01_00.annotation.txt").write_text("0 3 -\n")
+    out = tmp_path / "out"
+    stats = run(distill_cfg(f"input={d}", "input_format=irc", "roles=[routing]", "runtime/domain=group_chat_wide",
+                            f"out_dir={out}", f"runtime.teacher_llm.base_url=http://127.0.0.1:{scripted.server_port}/v1"))
+    # only the router's p(yes) was asked; no extraction, no tags
+    assert scripted.requests and all(r.get("logprobs") for r in scripted.requests)
+    rows = {s: [json.loads(x) for x in (out / "train" / "jsonl" / f"{s}.jsonl").read_text().splitlines()]
+            for s in ("routing", "extraction", "tags")}
+    assert not rows["extraction"] and not rows["tags"] and rows["routing"]
+    assert stats["splits"]["train"]["turns"] == 5  # the system line is not a turn
+    # a message reads as the benchmark replays it, `nick: text`, and its candidates say who wrote them
+    by_input = {r["input"]: r for r in rows["routing"]}
+    assert "dave: alice: the budget is in quota.conf" in by_input
+    r = by_input["alice: dave: thanks, the budget works"]
+    assert all(c["teacher_score"] is not None for c in r["candidates"]) and any(c.get("speaker") for c in r["candidates"])
+
+
+def test_the_server_reads_response_format_and_names_what_is_wrong():
+    from arbor_train.serve import BadRequest, parse_request
+
+    def body(fmt):
+        return json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                           "response_format": fmt}).encode()
+
+    schema = {"type": "array", "items": {"type": "object"}}
+    assert json.loads(parse_request(body({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}),
+                                    "m", 8).schema) == schema
+    assert json.loads(parse_request(body({"type": "json_object"}), "m", 8).schema) == {"type": "object"}
+    assert parse_request(body({"type": "text"}), "m", 8).schema is None
+    with pytest.raises(BadRequest, match=r"field 'response_format.type' must be text, json_object or json_schema"):
+        parse_request(body({"type": "yaml"}), "m", 8)
+    with pytest.raises(BadRequest, match=r"field 'response_format.json_schema.schema' must be a JSON schema object"):
+        parse_request(body({"type": "json_schema", "json_schema": {"name": "x"}}), "m", 8)
+
+
 # ---------------------------------------------------------------------- soft targets in the reranker's loss
 def test_distilled_rows_carry_the_teachers_distribution_into_the_listwise_loss():
     from arbor_train import data as D
@@ -270,6 +408,13 @@ def test_the_loopback_server_speaks_the_openai_api_the_runtime_calls(smollm2_ser
         OpenAIEndpoint(url, "gpt-9").chat(msgs[:1])
     with pytest.raises(ConnectionError, match="HTTP 400.*temperature"):
         ep._post({"model": "smollm2", "messages": msgs[0], "temperature": 0.7})
+    # OpenAI's structured output: decoded inside the schema, so the text is JSON of that shape
+    schema = {"type": "array", "maxItems": 2, "items": {"type": "object", "required": ["name"],
+                                                       "properties": {"name": {"type": "string", "maxLength": 12}}}}
+    outs = ep.chat([[{"role": "user", "content": "List two cities as JSON."}]] * 2, max_new_tokens=40, json_schema=schema)
+    for o in outs:
+        items = json.loads(o)
+        assert isinstance(items, list) and all(isinstance(x, dict) and isinstance(x["name"], str) for x in items)
 
 
 # ---------------------------------------------------------------------- the tutorial, end to end at smoke size

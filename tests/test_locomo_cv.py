@@ -99,6 +99,45 @@ def test_each_fold_trains_without_its_conversations_and_is_scored_only_on_them(t
         check_options(cv_cfg(tmp_path, "run_folds=[4]"))
 
 
+def test_a_distilled_fact_adapter_trains_per_fold_on_the_teachers_labels_of_the_other_folds(tmp_path):
+    from arbor_train.errors import MissingInputError
+    from eval.locomo_cv import check_options, plan, split_folds
+
+    _supervision(tmp_path)
+    o = ["rows=[]", "ablations=[]", "tuned_kinds=[]", "fact_extractors=[teacher,distilled,tuned,heuristic]",
+         f"distilled={tmp_path / 'dist'}", "facts_max_interactions=5"]
+    with pytest.raises(MissingInputError, match=r"option distilled=.*no finished distillation.*input_format=locomo"):
+        check_options(cv_cfg(tmp_path, *o))
+    (tmp_path / "dist").mkdir()
+    (tmp_path / "dist" / "stats.json").write_text("{}")
+    c = cv_cfg(tmp_path, *o)
+    check_options(c)
+    folds = split_folds(IDS, 4)
+    stages = {s.name: s for s in plan(c, folds, tmp_path / "cv")}
+    assert not any(n.startswith(("router_", "eval_")) for n in stages)  # fact extraction only
+    for k, held in enumerate(folds):
+        fold = tmp_path / "cv" / f"fold{k}"
+        gold, dist = stages[f"train_f{k}"].command(), stages[f"train_d_f{k}"].command()
+        excl = f"exclude_sessions: {json.dumps(held, separators=(',', ':'))}"
+        # the same recipe, the teacher's labels of the other folds in place of the observations
+        assert excl in gold and excl in dist
+        assert f"dir: {(tmp_path / 'sup').resolve()}," in gold and f"dir: {(tmp_path / 'dist' / 'train').resolve()}," in dist
+        def core(argv):
+            return [a for a in argv if not a.startswith(("data.mix=", "run_dir=", "task.compare_baselines="))]
+
+        assert core(stages[f"train_f{k}"].argv) == core(stages[f"train_d_f{k}"].argv)
+        mix = {s: next(a for a in stages[s].argv if a.startswith("data.mix=")) for s in (f"train_f{k}", f"train_d_f{k}")}
+        assert mix[f"train_f{k}"].replace(str((tmp_path / "sup").resolve()), "X") == \
+            mix[f"train_d_f{k}"].replace(str((tmp_path / "dist" / "train").resolve()), "X")
+        assert stages[f"facts_distilled_f{k}"].deps == [f"export_d_f{k}"]
+        assert f"bundle.path={fold / 'bundle_distilled'}" in stages[f"facts_distilled_f{k}"].command()
+        teacher = stages[f"facts_teacher_f{k}"].command()
+        assert "extractor=recorded" in teacher and f"recorded.dir={(tmp_path / 'dist').resolve()}" in teacher
+        for ex in ("teacher", "distilled", "tuned", "heuristic"):  # every one on the same interactions
+            assert "max_interactions=5" in stages[f"facts_{ex}_f{k}"].command()
+            assert f"conversations={json.dumps(held, separators=(',', ':'))}" in stages[f"facts_{ex}_f{k}"].command()
+
+
 def test_bad_options_name_the_option(tmp_path):
     from arbor_train.errors import UserError
     from eval.locomo_cv import check_options

@@ -114,6 +114,22 @@ def load_irc(split_dir: str | Path) -> list[IrcFile]:
     return [load_irc_file(p) for p in files]
 
 
+def message_text(m: IrcMessage) -> str:
+    """What the runtime reads of a message: the speaker, then the text ("alice: try sudo apt update")."""
+    return f"{m.speaker}: {m.text}" if m.speaker else m.text
+
+
+def irc_conversations(split_dir: str | Path) -> list:
+    """A split's files as conversation-file conversations (arbor_train/conversations/files.py), one per file:
+    each non-system line a turn (its text as `message_text` gives it, its speaker and time, its line number
+    as its id), without routing labels (data_gen.distill input_format=irc: a teacher labels every message)."""
+    from .files import ConversationFile
+
+    return [ConversationFile(f.name, [{"user": message_text(m), "assistant": "", "timestamp": m.time,
+                                       "speaker": m.speaker, "id": str(m.line), "parents": None}
+                                      for m in f.messages if not m.system]) for f in load_irc(split_dir)]
+
+
 # ---------------------------------------------------------------------- baseline
 def previous_message_links(f: IrcFile) -> dict[int, set[int]]:
     """The "previous message" baseline: a system line links to itself, any other message to the latest

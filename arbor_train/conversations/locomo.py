@@ -224,3 +224,17 @@ def to_combined(files: list[str | Path]) -> list[dict]:
             "session_summary": {k: v for k, v in d.items() if k.endswith("_summary")},
         })
     return out
+
+
+def interaction_files(path: str | Path) -> list:
+    """LoCoMo conversations as conversation-file conversations (arbor_train/conversations/files.py): one turn
+    per interaction (`schema.interactions`: a message and the other speaker's reply, each led by its
+    speaker's name), the session's date as its timestamp, its first turn's id (`D1:7`) as its id, no
+    routing label. It is the unit the runtime commits and eval.extraction scores, so rows made from it
+    (data_gen.distill input_format=locomo) read like the prompts the evaluation sends."""
+    from .files import ConversationFile
+    from .schema import interactions
+
+    return [ConversationFile(c.conversation_id, [
+        {"user": it.user, "assistant": it.assistant, "timestamp": it.timestamp, "speaker": None,
+         "id": it.turn_ids[0], "parents": None} for it in interactions(c)]) for c in load_locomo(path)]

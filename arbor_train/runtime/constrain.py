@@ -55,15 +55,27 @@ class JSONConstraint:
     def grammar(self, kind: str):
         if kind not in SCHEMAS:
             raise ConfigError(f"no JSON grammar for extraction kind {kind!r} (known: {', '.join(SCHEMAS)})")
-        if kind not in self._compiled:
+        return self.compiled(SCHEMAS[kind])
+
+    def compiled(self, schema: dict):
+        """The grammar of a JSON schema, compiled once per schema."""
+        key = json.dumps(schema, sort_keys=True)
+        if key not in self._compiled:
             # any_whitespace=False: the compact separators the targets were written with (", " and ": ")
-            self._compiled[kind] = self._compiler.compile_json_schema(json.dumps(SCHEMAS[kind]), any_whitespace=False)
-        return self._compiled[kind]
+            self._compiled[key] = self._compiler.compile_json_schema(key, any_whitespace=False)
+        return self._compiled[key]
 
     def processor(self, kind: str):
         from xgrammar.contrib.hf import LogitsProcessor
 
         return LogitsProcessor(self.grammar(kind))
+
+    def schema_processor(self, schema: dict):
+        """A fresh logits processor for one generate() call that keeps every row inside this JSON schema
+        (an OpenAI-style `response_format` request: arbor_train/serve.py)."""
+        from xgrammar.contrib.hf import LogitsProcessor
+
+        return LogitsProcessor(self.compiled(schema))
 
 
 def json_constraint(llm) -> JSONConstraint:

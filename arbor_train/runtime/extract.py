@@ -231,10 +231,14 @@ class LLMExtractor:
         from .llm import HFCausalLM
 
         local = isinstance(llm, HFCausalLM)
-        if (constrained or prefix_cache) and not local:
-            raise ConfigError(f"extractor options constrained and prefix_cache need a local model, not {llm.name}")
-        self.constraint = None
-        if constrained:
+        if prefix_cache and not local:
+            raise ConfigError(f"extractor option prefix_cache needs a local model, not {llm.name}")
+        if constrained and not (local or getattr(llm, "json_schemas", False)):
+            raise ConfigError(f"extractor option constrained needs a local model or an OpenAI-compatible endpoint, "
+                              f"not {llm.name}")
+        self.constrained = constrained
+        self.constraint = None  # a local model's compiled grammars (an endpoint gets the JSON schema instead)
+        if constrained and local:
             from .constrain import json_constraint
 
             self.constraint = json_constraint(llm)
@@ -282,6 +286,11 @@ class LLMExtractor:
                     self._prefix(msgs[0])
                 extra["prefix_kv"] = self.prefix_kv
             chat = functools.partial(self.llm.chat, **extra)
+        elif self.constrained and grammar is not None:  # an endpoint: OpenAI structured output
+            from .constrain import SCHEMAS
+
+            chat = functools.partial(self.llm.chat, json_schema=SCHEMAS[grammar])
+            cache_id = cache_id and f"{cache_id}|json:{grammar}"
         if self.cache is None or not cache_id:
             return chat(msgs, max_new_tokens=n)
         keys = [ExtractionCache.key(cache_id, n, m) for m in msgs]

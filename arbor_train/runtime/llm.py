@@ -301,10 +301,19 @@ class OpenAIEndpoint:
         with ThreadPoolExecutor(min(self.concurrency, len(items))) as pool:
             return list(pool.map(fn, items))
 
-    def chat(self, conversations: list[list[dict]], max_new_tokens: int = 256) -> list[str]:
+    json_schemas = True  # chat(json_schema=...): the endpoint constrains the output (OpenAI `response_format`)
+
+    def chat(self, conversations: list[list[dict]], max_new_tokens: int = 256,
+             json_schema: dict | None = None) -> list[str]:
+        """Greedy completions. json_schema: the output must follow it, sent as OpenAI's structured-output
+        `response_format` (`{"type": "json_schema", ...}`), which vLLM and arbor_train.serve enforce while
+        decoding."""
+        extra = {} if json_schema is None else {"response_format": {
+            "type": "json_schema", "json_schema": {"name": "output", "schema": json_schema}}}
+
         def one(messages):
             r = self._post({"model": self.model, "messages": messages, "max_tokens": max_new_tokens,
-                            "temperature": 0.0})
+                            "temperature": 0.0, **extra})
             return (r["choices"][0]["message"].get("content") or "").strip()
 
         return self._map(one, conversations)
@@ -356,8 +365,18 @@ class RecordedLLM:
         self.on_call = on_call
         self.tokenizer = getattr(llm, "tokenizer", None)
 
-    def chat(self, conversations: list[list[dict]], max_new_tokens: int = 256) -> list[str]:
-        return self._calls("chat", conversations, max_new_tokens, lambda ms: self.llm.chat(ms, max_new_tokens))
+    @property
+    def json_schemas(self) -> bool:
+        return bool(getattr(self.llm, "json_schemas", False))
+
+    def chat(self, conversations: list[list[dict]], max_new_tokens: int = 256,
+             json_schema: dict | None = None) -> list[str]:
+        if json_schema is None:
+            return self._calls("chat", conversations, max_new_tokens, lambda ms: self.llm.chat(ms, max_new_tokens))
+        # a constrained call is another call: the schema is part of its key
+        method = "chat:json:" + hashlib.sha1(json.dumps(json_schema, sort_keys=True).encode()).hexdigest()[:16]
+        return self._calls(method, conversations, max_new_tokens,
+                           lambda ms: self.llm.chat(ms, max_new_tokens, json_schema=json_schema))
 
     def yes_probability(self, conversations: list[list[dict]]) -> list[float]:
         return self._calls("yes", conversations, 1, self.llm.yes_probability)

@@ -19,11 +19,13 @@ def load(c: dict) -> list:
 
 
 def replay(f, method, answers, judge, c: dict) -> tuple[list[dict], list[dict]]:
+    from arbor_train.conversations.irc import message_text
+
     recs = []
     for m in f.messages:
         route, parent, ingest_s = "system", m.line, 0.0
         if not m.system:
-            text = f"{m.speaker}: {m.text}" if m.speaker else m.text
+            text = message_text(m)
             t0 = time.perf_counter()
             obs = method.observe(m.line, text, "", m.time, False, speaker=m.speaker)
             ingest_s = time.perf_counter() - t0
