@@ -304,6 +304,19 @@ def test_a_routing_only_teacher_labels_irc_messages_as_the_benchmark_reads_them(
     assert all(c["teacher_score"] is not None for c in r["candidates"]) and any(c.get("speaker") for c in r["candidates"])
 
 
+def test_the_locomo_distillation_page_says_what_its_generated_table_holds():
+    """docs/results/distill.md reads the distill_locomo table: a teacher and student at 0, the gold-trained
+    adapter ahead of the heuristic, with the numbers the page quotes."""
+    rows = {r["row"]: r for r in json.loads((REPO_ROOT / "docs" / "results" / "generated" / "distill_locomo"
+                                             / "results.json").read_text())}
+    teacher = next(r for n, r in rows.items() if n.startswith("teacher"))
+    assert teacher["f1"] == 0 and rows["distilled student"]["f1"] == 0
+    gold, heur = rows["gold-trained student"]["f1"], rows["heuristic"]["f1"]
+    assert gold > heur
+    page = (REPO_ROOT / "docs" / "results" / "distill.md").read_text()
+    assert f"scores {gold:.3f}" in page and f"the heuristic {heur:.3f}" in page
+
+
 def test_the_server_reads_response_format_and_names_what_is_wrong():
     from arbor_train.serve import BadRequest, parse_request
 
