@@ -281,7 +281,9 @@ def damage_body(d: dict, base: Path, work: Path) -> None:
     if d["op"] == "concurrent-forgets":  # two processes forget at once on the damaged file
         import multiprocessing as mp
 
-        ctx = mp.get_context("fork")
+        # spawned, not forked: a fork of a process whose earlier tests started torch's and OpenMP's threads can
+        # hang or die in the child, which is the test's fault, not the store's
+        ctx = mp.get_context("spawn")
         out = ctx.Queue()
         procs = [ctx.Process(target=_forget_in_child, args=(str(mem), n, out)) for n in ("Bob", "Maria")]
         for p in procs:
@@ -341,7 +343,7 @@ def test_concurrent_forgets_from_several_processes_all_land(memory):
     and commits; the file passes its check and no forgotten name remains anywhere in it."""
     import multiprocessing as mp
 
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn")  # (as in damage_body: a fork after threads started is not safe)
     out = ctx.Queue()
     names = ["Maria", "Bob", "Dr. Chen"]
     procs = [ctx.Process(target=_forget_in_child, args=(str(memory), n, out)) for n in names]
