@@ -284,8 +284,10 @@ def card(stats: dict) -> str:
               "wall s | estimated cost |", "|---:|---:|---:|---:|---:|---:|",
               f"| {c['calls']} | {c['reused']} | {c['prompt_tokens']} | {c['completion_tokens']} | "
               f"{stats['wall_s']} | {stats['cost']:.4f} |", "",
-              f"The teacher: {c['distinct']} distinct calls, {stats['teacher_s_per_turn']} s of calls per turn "
-              "(wall seconds per call made, concurrency included, times the calls a turn needs).", "",
+              (f"The teacher: {c['distinct']} distinct calls, {stats['teacher_s_per_turn']} s of calls per turn "
+               "(wall seconds per call made, concurrency included, times the calls a turn needs)." if c["distinct"] else
+               f"The teacher makes no LLM calls (its components run in this process): {stats['teacher_s_per_turn']} s "
+               "per turn, the whole replay's wall seconds over its turns."), "",
               "Tokens are those of the calls made by this run, as the endpoint reported them (a local model: counted "
               "with its tokenizer).", ""]
     drops = stats["dropped"]
@@ -421,7 +423,10 @@ def _run(cfg: DictConfig) -> dict:
     stats["calls"]["call_s"] = round(calls["call_s"], 2)
     stats["teacher_s_per_turn"] = round(made_s / made * distinct / max(1, turns), 4) if made else None
     stats["cost"] = (calls["prompt_tokens"] * price["prompt"] + calls["completion_tokens"] * price["completion"]) / 1e6
-    stats["wall_s"] = round(time.perf_counter() - t0, 1)
+    elapsed = time.perf_counter() - t0
+    stats["wall_s"] = round(elapsed, 1)
+    if not distinct and turns:  # components without LLM calls (a tuned bundle): the replay's own seconds per turn
+        stats["teacher_s_per_turn"] = round(elapsed / turns, 4)
     stats["dropped"], stats["turns_without_routing"] = dict(stats["dropped"]), dict(stats["turns_without_routing"])
     for name, (rows, _) in written.items():  # an earlier killed run may have left a split half-written
         write_sets(out / name, rows, dict(stats["splits"][name], source=str(cfg.input), split=name, teacher=teacher),

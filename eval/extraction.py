@@ -135,29 +135,32 @@ class RecordedFacts:
     the outputs its validation rejected (dropped.jsonl)."""
 
     def __init__(self, out_dir: str):
+        from arbor_train.data import jsonl_rows
         from arbor_train.errors import InputError
 
         d = Path(out_dir)
-        stats = json.loads((d / "stats.json").read_text())
+        try:
+            stats = json.loads((d / "stats.json").read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError(f"option recorded.dir={out_dir!r}: no readable stats.json of a finished "
+                              f"data_gen.distill run ({type(e).__name__}: {e})") from None
         if stats.get("input_format") != "locomo":
             raise ConfigError(f"option recorded.dir={out_dir!r}: a distillation of {stats.get('input_format') or 'a conversation file'}"
                               ", not of LoCoMo (data_gen.distill input_format=locomo)")
         self.seconds_per_turn = stats.get("teacher_s_per_turn")
         self.rows: dict[tuple[str, int], dict] = {}
-        for split in ("train", "heldout"):
-            f = d / split / "jsonl" / "extraction.jsonl"
-            for n, line in enumerate(f.open(encoding="utf-8") if f.exists() else [], 1):
-                try:
-                    r = json.loads(line)
-                    self.rows[(str(r["session_id"]), int(r["turn"]))] = r
-                except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                    raise InputError(f"{f}: line {n}: not an extraction row ({type(e).__name__}: {e})") from None
         self.rejected = set()
-        f = d / "dropped.jsonl"
-        for line in f.open(encoding="utf-8") if f.exists() else []:
-            r = json.loads(line)
-            if r.get("kind") == "facts":
-                self.rejected.add((str(r["session_id"]), int(r["turn"])))
+        files = [(d / split / "jsonl" / "extraction.jsonl", "rows") for split in ("train", "heldout")]
+        for f, what in [*files, (d / "dropped.jsonl", "drops")]:
+            for n, r in enumerate(jsonl_rows(f, missing_ok=True), 1):
+                try:
+                    key = (str(r["session_id"]), int(r["turn"]))
+                except (KeyError, TypeError, ValueError) as e:
+                    raise InputError(f"{f}: row {n}: no session_id and turn ({type(e).__name__}: {e})") from None
+                if what == "rows":
+                    self.rows[key] = r
+                elif r.get("kind") == "facts":
+                    self.rejected.add(key)
 
     def facts(self, conv_id: str, index: int, it) -> tuple[list[str], bool]:
         """(fact texts, output valid) of the interaction at 0-based `index`; a row for another text (the file

@@ -204,7 +204,7 @@ def plan(c: dict, folds: list[list[str]], out: Path) -> list:
         if c.get("run_folds") is not None and k not in c["run_folds"]:
             continue
         fold = out / f"fold{k}"
-        bundle, run_dir = fold / "bundle", fold / "train" / "run"
+        bundle, run_dir, distilled = fold / "bundle", fold / "train" / "run", fold / "bundle_distilled"
         router, router_run = fold / "router", fold / "router_train" / "run"
         if routed:
             stages.append(Stage(f"router_f{k}", [*py, "-m", "arbor_train.train", f"experiment={c['router']['experiment']}",
@@ -221,7 +221,7 @@ def plan(c: dict, folds: list[list[str]], out: Path) -> list:
         if bundle is not None:
             adapters.append(("", bundle, run_dir, sup, "LoCoMo facts"))
         if "distilled" in c["fact_extractors"]:
-            adapters.append(("_d", fold / "bundle_distilled", fold / "train_distilled" / "run",
+            adapters.append(("_d", distilled, fold / "train_distilled" / "run",
                              str((Path(c["distilled"]) / "train").resolve()), "the teacher's LoCoMo facts"))
         for tag, b_dir, r_dir, facts_dir, facts_what in adapters:
             mix = ("data.mix=[{dir: " + facts_dir + ", sets: [extraction], kinds: [facts], exclude_sessions: "
@@ -249,7 +249,7 @@ def plan(c: dict, folds: list[list[str]], out: Path) -> list:
                 argv += ["extractor=bundle", f"bundle.path={bundle}"]
                 deps = [f"export_f{k}"]
             elif ex == "distilled":
-                argv += ["extractor=bundle", f"bundle.path={fold / 'bundle_distilled'}"]
+                argv += ["extractor=bundle", f"bundle.path={distilled}"]
                 deps = [f"export_d_f{k}"]
             elif ex == "teacher":
                 argv += ["extractor=recorded", f"recorded.dir={Path(c['distilled']).resolve()}"]

@@ -80,3 +80,28 @@ def smoke_data(tmp_path_factory):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         run(compose(config_name="data_gen", overrides=["preset=smoke", f"out_dir={out}", "progress=false", "workers=1"]))
     return out
+
+
+@pytest.fixture
+def locomo_two(tmp_path):
+    """Two LoCoMo conversations (26 and 30) copied into tmp_path/in, and their supervision (data_gen.locomo over
+    the heuristic runtime, cross_session read policy) in tmp_path/sup: the 2-fold cross-validation smoke input."""
+    import shutil
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    from arbor_train.paths import CONF_DIR, REPO_ROOT
+    from data_gen.locomo import run
+
+    src = Path(REPO_ROOT).parent / "shared" / "data" / "locomo"
+    if not src.exists():
+        pytest.skip("../shared/data/locomo is not beside the repository")
+    (tmp_path / "in").mkdir()
+    for cid in ("26", "30"):
+        shutil.copy(src / f"{cid}.json", tmp_path / "in" / f"{cid}.json")
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        run(compose(config_name="locomo", overrides=[
+            f"input={tmp_path / 'in'}", f"out_dir={tmp_path / 'sup'}", "progress=false", "runtime/components=minilm",
+            "runtime.reranker.kind=heuristic", "runtime/read_policy=cross_session"]))
+    return tmp_path / "in", tmp_path / "sup"

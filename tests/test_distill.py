@@ -237,26 +237,13 @@ def test_a_facts_only_teacher_labels_locomo_interactions_inside_the_schema_and_i
 
 @pytest.mark.slow
 @pytest.mark.skipif(not LOCOMO.exists(), reason="../shared/data/locomo is not beside the repository")
-def test_the_distill_locomo_table_runs_at_smoke_size(tmp_path, scripted, smoke_data, monkeypatch):
+def test_the_distill_locomo_table_runs_at_smoke_size(tmp_path, scripted, smoke_data, locomo_two, monkeypatch):
     """conf/table/distill_locomo.yaml on two LoCoMo conversations (2 folds, fold 0): the scripted teacher labels
     the facts, and the teacher's rows, the distilled and the gold-trained adapters (2 steps) and the heuristic
     are scored on the held-out conversation's first interactions."""
-    import shutil
-
-    from hydra import compose, initialize_config_dir
-
-    from arbor_train.paths import CONF_DIR
     from data_gen.distill import run
-    from data_gen.locomo import run as make_supervision
     from eval.tables import load, run_table
 
-    (tmp_path / "in").mkdir()
-    for cid in ("26", "30"):
-        shutil.copy(LOCOMO / f"{cid}.json", tmp_path / "in" / f"{cid}.json")
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        make_supervision(compose(config_name="locomo", overrides=[
-            f"input={tmp_path / 'in'}", f"out_dir={tmp_path / 'sup'}", "progress=false", "runtime/components=minilm",
-            "runtime.reranker.kind=heuristic", "runtime/read_policy=cross_session"]))
     run(distill_cfg(f"input={tmp_path / 'in'}", "input_format=locomo", "roles=[facts]", "max_turns=12",
                     "runtime.extractors.facts.constrained=true", f"out_dir={tmp_path / 'dist'}",
                     f"runtime.teacher_llm.base_url=http://127.0.0.1:{scripted.server_port}/v1"))
@@ -285,9 +272,8 @@ def test_the_distill_locomo_table_runs_at_smoke_size(tmp_path, scripted, smoke_d
     assert (tmp_path / "table" / "locomo_cv_facts.png").exists()
 
 
-def test_a_routing_only_teacher_labels_irc_messages_as_the_benchmark_reads_them(tmp_path, scripted):
-    from data_gen.distill import run
-
+def irc_split(tmp_path: Path) -> Path:
+    """A one-file IRC split: 5 messages and a system line."""
     d = tmp_path / "irc" / "train"
     d.mkdir(parents=True)
     lines = ["[10:00] <alice> how do I raise my budget quota?", "=== bob has joined #ubuntu",
@@ -295,6 +281,13 @@ def test_a_routing_only_teacher_labels_irc_messages_as_the_benchmark_reads_them(
              "[10:03] <alice> dave: thanks, the budget works", "[10:04] <erin> carol: yes, pulseaudio is fine"]
     (d / "2009-01-01_00.ascii.txt").write_text("\n".join(lines) + "\n")
     (d / "2009-01-01_00.annotation.txt").write_text("0 3 -\n")
+    return d
+
+
+def test_a_routing_only_teacher_labels_irc_messages_as_the_benchmark_reads_them(tmp_path, scripted):
+    from data_gen.distill import run
+
+    d = irc_split(tmp_path)
     out = tmp_path / "out"
     stats = run(distill_cfg(f"input={d}", "input_format=irc", "roles=[routing]", "runtime/domain=group_chat_wide",
                             f"out_dir={out}", f"runtime.teacher_llm.base_url=http://127.0.0.1:{scripted.server_port}/v1"))
@@ -309,6 +302,19 @@ def test_a_routing_only_teacher_labels_irc_messages_as_the_benchmark_reads_them(
     assert "dave: alice: the budget is in quota.conf" in by_input
     r = by_input["alice: dave: thanks, the budget works"]
     assert all(c["teacher_score"] is not None for c in r["candidates"]) and any(c.get("speaker") for c in r["candidates"])
+
+
+def test_a_teacher_without_llm_calls_is_costed_by_its_replay(tmp_path):
+    """teacher=components (here the heuristic router; a tuned bundle alike) makes no endpoint call: its cost per
+    turn is the replay's wall seconds over its turns, and the card says so."""
+    from data_gen.distill import run
+
+    out = tmp_path / "out"
+    stats = run(distill_cfg(f"input={irc_split(tmp_path)}", "input_format=irc", "roles=[routing]", "teacher=components",
+                            "runtime/domain=group_chat_wide", f"out_dir={out}"))
+    assert stats["calls"]["distinct"] == 0 and stats["splits"]["train"]["routing"] > 0
+    assert stats["teacher_s_per_turn"] > 0 and abs(stats["teacher_s_per_turn"] - stats["wall_s"] / 5) <= 0.011
+    assert "makes no LLM calls" in (out / "README.md").read_text()
 
 
 def test_the_locomo_distillation_page_says_what_its_generated_table_holds():
@@ -546,3 +552,26 @@ def test_distill_loss_options_out_of_range_are_refused(dist, msg):
     c = {"task": {"name": "reranker", "head": "classifier", "distill": dist}, "model": {"family": "encoder", "name": "m"}}
     with pytest.raises(ConfigError, match=msg):
         ROLE.check(c)
+
+
+def test_a_damaged_recorded_distillation_is_refused_naming_the_file_and_line(tmp_path):
+    """eval.extraction extractor=recorded over a folder that is not a finished distillation, or whose rows or
+    drops are damaged: a user error naming the option, or the file and line, never a traceback."""
+    from arbor_train.errors import ConfigError, InputError
+    from eval.extraction import RecordedFacts
+
+    with pytest.raises(ConfigError, match="recorded.dir.*stats.json"):
+        RecordedFacts(str(tmp_path))
+    (tmp_path / "stats.json").write_text(json.dumps({"input_format": "locomo"}))
+    (tmp_path / "train" / "jsonl").mkdir(parents=True)
+    rows = tmp_path / "train" / "jsonl" / "extraction.jsonl"
+    rows.write_text('{"session_id": "26", "turn": 1, "input": "hi", "target": "{\\"facts\\": []}"}\n\n')
+    (tmp_path / "dropped.jsonl").write_text('{"session_id": "26", "turn": 2, "kind": "facts"}\n{"session_id": \n')
+    with pytest.raises(InputError, match=r"dropped.jsonl: line 2: not JSON"):
+        RecordedFacts(str(tmp_path))
+    (tmp_path / "dropped.jsonl").write_text('{"session_id": "26", "turn": 2, "kind": "facts"}\n')
+    rec = RecordedFacts(str(tmp_path))
+    assert rec.rejected == {("26", 2)} and set(rec.rows) == {("26", 1)}
+    rows.write_text('["26", 1]\n')
+    with pytest.raises(InputError, match=r"extraction.jsonl: line 1: a JSON list, not an object"):
+        RecordedFacts(str(tmp_path))

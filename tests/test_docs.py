@@ -100,7 +100,7 @@ EVAL_TABLES = ("formal_methods", "formal_ablations", "policies_formal", "policie
 MODULE_TABLES = ("forgetting", "scale", "bench_runtime", "locomo_card", "bench_train")
 BUNDLE_TABLES = ("specificity", "irc_dev", "formal_tuned", "specificity_margin", "specificity_answers",
                  "formal_locomo_router", "multi_intent_threshold", "multi_intent_answers", "multi_intent_linked",
-                 "irc_tuned", "irc_router_formal")
+                 "irc_tuned", "irc_router_formal", "distill_irc")
 OWN_TESTS = {"main_job": "tests/test_pipeline.py", "locomo_cv": "tests/test_locomo_cv.py",
              "own_conversations": "test_every_tutorial_command_runs_at_smoke_size",
              "reader": "test_the_reader_tables_run_at_smoke_size_on_a_tiny_reader",
@@ -109,7 +109,7 @@ OWN_TESTS = {"main_job": "tests/test_pipeline.py", "locomo_cv": "tests/test_loco
              "bench_extract": "tests/test_extract_levers.py", "distill_student": "tests/test_distill.py",
              "distill_locomo": "test_the_distill_locomo_table_runs_at_smoke_size"}
 SLOW_TABLES = ("policies_locomo", "irc_dev", "specificity", "specificity_answers", "multi_intent_answers",
-               "multi_intent_linked", "bench_train", "irc_tuned")
+               "multi_intent_linked", "bench_train", "irc_tuned", "distill_irc")
 
 
 def test_every_table_config_runs_at_smoke_size_somewhere_in_the_suite():

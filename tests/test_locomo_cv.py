@@ -359,24 +359,12 @@ def test_a_row_is_named_by_its_method_choices_and_own_settings():
 
 
 @pytest.mark.slow
-def test_the_cross_validation_runs_end_to_end_at_smoke_size(tmp_path, smoke_data):
+def test_the_cross_validation_runs_end_to_end_at_smoke_size(tmp_path, smoke_data, locomo_two):
     """Two LoCoMo conversations, 2 folds, fold 0 only: the supervision, a 2-step router trained without the
     held-out conversation, its rows and an ablation, and the merged table with question localization."""
-    import shutil
-
-    from data_gen.locomo import run as make_supervision
     from eval.locomo_cv import run
 
-    src = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo"
-    if not src.exists():
-        pytest.skip("../shared/data/locomo is not beside the repository")
-    (tmp_path / "in").mkdir()
-    for cid in ("26", "30"):
-        shutil.copy(src / f"{cid}.json", tmp_path / "in" / f"{cid}.json")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        make_supervision(compose(config_name="locomo", overrides=[
-            f"input={tmp_path / 'in'}", f"out_dir={tmp_path / 'sup'}", "progress=false", "runtime/components=minilm",
-            "runtime.reranker.kind=heuristic", "runtime/read_policy=cross_session"]))
         cfg = compose(config_name="locomo_cv", overrides=[
             f"input={tmp_path / 'in'}", f"supervision={tmp_path / 'sup'}", f"out={tmp_path / 'cv'}", "folds=2",
             "run_folds=[0]", "budgets=[512]", "rows=[localized,bm25,bm25_dates]", "ablations=[localized_states]",
