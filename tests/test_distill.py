@@ -330,6 +330,22 @@ def test_the_locomo_distillation_page_says_what_its_generated_table_holds():
     assert f"scores {gold:.3f}" in page and f"the heuristic {heur:.3f}" in page
 
 
+def test_the_irc_distillation_page_says_what_its_generated_table_holds():
+    """docs/results/distill.md reads the distill_irc table: the distilled student within 2 link F points of its
+    teacher, both below the previous-message baseline, and the gold-trained student far above the heuristic,
+    with the numbers the page quotes."""
+    rows = {r["row"]: r for r in json.loads((REPO_ROOT / "docs" / "results" / "generated" / "distill_irc"
+                                             / "results.json").read_text())}
+    teacher = next(r for n, r in rows.items() if n.startswith("teacher"))["link_f1"]
+    dist, gold = rows["distilled student"]["link_f1"], rows["gold-trained student"]["link_f1"]
+    prev, heur = rows["previous message"]["link_f1"], rows["heuristic"]["link_f1"]
+    assert abs(dist - teacher) < 2 and max(dist, teacher) < prev and gold - heur > 15
+    page = (REPO_ROOT / "docs" / "results" / "distill.md").read_text()
+    for n in (teacher, dist, gold, prev, heur):
+        assert f"{n:.2f}" in page
+    assert f"{gold - heur:.1f} points above the heuristic" in page
+
+
 def test_the_server_reads_response_format_and_names_what_is_wrong():
     from arbor_train.serve import BadRequest, parse_request
 
