@@ -375,28 +375,3 @@ def split(items: list, val_fraction: float, seed: int) -> tuple[list, list]:
     n_val = max(1, int(len(items) * val_fraction)) if len(items) > 1 else 0
     val = set(idx[:n_val])
     return [x for i, x in enumerate(items) if i not in val], [x for i, x in enumerate(items) if i in val]
-
-
-def jsonl_rows(path: str | Path, missing_ok: bool = False) -> list[dict]:
-    """The JSON objects of a JSONL file, one per line (blank lines skipped). A line that is not a JSON object
-    is an InputError naming the file and line; a missing file is one too, or no rows with `missing_ok`."""
-    from arbor_train.errors import InputError, MissingInputError
-
-    p = Path(path)
-    if not p.exists():
-        if missing_ok:
-            return []
-        raise MissingInputError(f"{p}: no such file")
-    rows = []
-    with p.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(f"{p}: line {n}: not JSON ({e.msg})") from None
-            if not isinstance(r, dict):
-                raise InputError(f"{p}: line {n}: a JSON {type(r).__name__}, not an object")
-            rows.append(r)
-    return rows

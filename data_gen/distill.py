@@ -421,12 +421,13 @@ def _run(cfg: DictConfig) -> dict:
     made, made_s = record_run(cache_path, calls["calls"], calls["call_s"])
     stats["calls"]["distinct"] = distinct
     stats["calls"]["call_s"] = round(calls["call_s"], 2)
-    stats["teacher_s_per_turn"] = round(made_s / made * distinct / max(1, turns), 4) if made else None
     stats["cost"] = (calls["prompt_tokens"] * price["prompt"] + calls["completion_tokens"] * price["completion"]) / 1e6
     elapsed = time.perf_counter() - t0
     stats["wall_s"] = round(elapsed, 1)
-    if not distinct and turns:  # components without LLM calls (a tuned bundle): the replay's own seconds per turn
-        stats["teacher_s_per_turn"] = round(elapsed / turns, 4)
+    # an LLM teacher: wall seconds per call made, times the calls a turn needs; components without LLM calls (a
+    # tuned bundle): the replay's own seconds per turn
+    stats["teacher_s_per_turn"] = ((round(made_s / made * distinct / max(1, turns), 4) if made else None) if distinct
+                                   else (round(elapsed / turns, 4) if turns else None))
     stats["dropped"], stats["turns_without_routing"] = dict(stats["dropped"]), dict(stats["turns_without_routing"])
     for name, (rows, _) in written.items():  # an earlier killed run may have left a split half-written
         write_sets(out / name, rows, dict(stats["splits"][name], source=str(cfg.input), split=name, teacher=teacher),

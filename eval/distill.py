@@ -40,12 +40,12 @@ KIND_METRIC = {"summary": ("rouge_l", "summary ROUGE-L"), "entities": ("entity_f
 
 
 def load_distilled(data: Path, split: str = "heldout") -> tuple[dict[str, list[dict]], dict]:
-    from arbor_train.data import jsonl_rows
+    from arbor_train.conversations.io import read_rows
 
     if not (data / "README.md").exists() or not (data / split / "jsonl").is_dir():
         raise MissingInputError(f"option distilled={str(data)!r}: not a finished distillation with a {split} split "
                                 "(python -m data_gen.distill ... heldout=0.25)")
-    rows = {s: jsonl_rows(data / split / "jsonl" / f"{s}.jsonl") for s in ("routing", "extraction")}
+    rows = {s: read_rows(data / split / "jsonl" / f"{s}.jsonl", None) for s in ("routing", "extraction")}
     return rows, json.loads((data / "stats.json").read_text())
 
 

@@ -135,7 +135,7 @@ class RecordedFacts:
     the outputs its validation rejected (dropped.jsonl)."""
 
     def __init__(self, out_dir: str):
-        from arbor_train.data import jsonl_rows
+        from arbor_train.conversations.io import read_rows
         from arbor_train.errors import InputError
 
         d = Path(out_dir)
@@ -152,7 +152,7 @@ class RecordedFacts:
         self.rejected = set()
         files = [(d / split / "jsonl" / "extraction.jsonl", "rows") for split in ("train", "heldout")]
         for f, what in [*files, (d / "dropped.jsonl", "drops")]:
-            for n, r in enumerate(jsonl_rows(f, missing_ok=True), 1):
+            for n, r in enumerate(read_rows(f, None) if f.exists() else [], 1):
                 try:
                     key = (str(r["session_id"]), int(r["turn"]))
                 except (KeyError, TypeError, ValueError) as e:

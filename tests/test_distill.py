@@ -583,11 +583,11 @@ def test_a_damaged_recorded_distillation_is_refused_naming_the_file_and_line(tmp
     rows = tmp_path / "train" / "jsonl" / "extraction.jsonl"
     rows.write_text('{"session_id": "26", "turn": 1, "input": "hi", "target": "{\\"facts\\": []}"}\n\n')
     (tmp_path / "dropped.jsonl").write_text('{"session_id": "26", "turn": 2, "kind": "facts"}\n{"session_id": \n')
-    with pytest.raises(InputError, match=r"dropped.jsonl: line 2: not JSON"):
+    with pytest.raises(InputError, match=r"dropped.jsonl line 2: invalid JSON"):
         RecordedFacts(str(tmp_path))
     (tmp_path / "dropped.jsonl").write_text('{"session_id": "26", "turn": 2, "kind": "facts"}\n')
     rec = RecordedFacts(str(tmp_path))
     assert rec.rejected == {("26", 2)} and set(rec.rows) == {("26", 1)}
     rows.write_text('["26", 1]\n')
-    with pytest.raises(InputError, match=r"extraction.jsonl: line 1: a JSON list, not an object"):
+    with pytest.raises(InputError, match=r"extraction.jsonl line 1: a JSON list, not an object"):
         RecordedFacts(str(tmp_path))

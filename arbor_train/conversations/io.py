@@ -123,16 +123,20 @@ class SetWriter:
         return self.out_dir
 
 
-def read_rows(path: str | Path, name: str) -> list[dict]:
+def read_rows(path: str | Path, name: str | None) -> list[dict]:
     """Read a JSONL mirror (<out_dir>/jsonl/<name>.jsonl) back, checked row by row against the set's schema.
 
     A line that is not JSON, a row that does not fit the schema (a string where a boolean belongs, a null
     text, a lone surrogate) and a repeated id are refused; the error names the file, the line and the field.
+    With `name` None the rows are any JSON objects (a recorded distillation's drops, rows with fields of
+    their own), each checked to be one. Blank lines hold no row and are skipped.
     """
     from arbor_train.conversations.supervision import ROW_IDS, validate_row
-    from arbor_train.errors import InputError
+    from arbor_train.errors import InputError, MissingInputError
 
     p = Path(path)
+    if not p.is_file():
+        raise MissingInputError(f"{p}: no such file")
     rows: list[dict] = []
     seen: dict = {}
     with open(p, encoding="utf-8", errors="surrogateescape") as f:
@@ -142,10 +146,17 @@ def read_rows(path: str | Path, name: str) -> list[dict]:
                     line.encode("utf-8")
                 except UnicodeEncodeError as e:
                     raise InputError(f"{p} line {lineno}: not UTF-8 text (character {e.start})") from e
+            if not line.strip():
+                continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise InputError(f"{p} line {lineno}: invalid JSON ({e.msg}, column {e.colno})") from e
+            if name is None:
+                if not isinstance(row, dict):
+                    raise InputError(f"{p} line {lineno}: a JSON {type(row).__name__}, not an object")
+                rows.append(row)
+                continue
             key = ROW_IDS.get(name)
             rid = row.get(key) if isinstance(row, dict) and key else None
             validate_row(name, row, f"{p} line {lineno}" + (f" ({key}={rid!r})" if isinstance(rid, str) else "")
