@@ -375,3 +375,11 @@ def split(items: list, val_fraction: float, seed: int) -> tuple[list, list]:
     n_val = max(1, int(len(items) * val_fraction)) if len(items) > 1 else 0
     val = set(idx[:n_val])
     return [x for i, x in enumerate(items) if i not in val], [x for i, x in enumerate(items) if i in val]
+
+
+def of_sessions(rows, sessions, exclude) -> list[dict]:
+    """The rows whose `session_id` (a LoCoMo or IRC conversation id, a BranchMemEval session) is among
+    `sessions` (None: any) and not among `exclude`: how a source is split by conversation (folds)."""
+    keep = set(map(str, sessions)) if sessions is not None else None
+    drop = set(map(str, exclude or []))
+    return [r for r in rows if (keep is None or str(r["session_id"]) in keep) and str(r["session_id"]) not in drop]

@@ -15,6 +15,10 @@ conversation. Sets (schemas in arbor_train/conversations/supervision.py):
                  the candidates the runtime's recall returns for it (memory built once per conversation)
 - routing        weak labels of which earlier interaction each one continues, by the rules below;
                  interactions no rule labels get no row (no label without a rule)
+- reader         each question (the QA split's categories) with the context the runtime assembles for it over
+                 the finished memory at each budget of `reader_budgets`, and the gold answer as the target
+                 (category 3: its first part, what LoCoMo F1 scores): a reader tuned on the conversations of
+                 other folds (eval.locomo_cv) answers in LoCoMo's protocol
 - qa             the evaluation split: LoCoMo QA with the data's own categories
 
 Weak-label rules, applied in this order (the first that fires labels the interaction):
@@ -107,15 +111,23 @@ def weak_labels(conv, inters, rules: list[str]) -> tuple[dict[int, tuple[int, st
     return labels, counts
 
 
-def convert(convs, runtime_cfg: dict, categories: list[int], rules: list[str], progress: bool = True):
+def reader_target(answer, category: int) -> str:
+    """What a LoCoMo reader is taught to answer: the gold as LoCoMo F1 scores it (category 3: its first part)."""
+    gold = "" if answer is None else str(answer)
+    return gold.split(";")[0].strip() if int(category) == 3 else gold
+
+
+def convert(convs, runtime_cfg: dict, categories: list[int], rules: list[str], progress: bool = True,
+            reader_budgets: tuple[int, ...] = ()):
     from tqdm import tqdm
 
     from arbor_train.conversations.schema import interactions
     from arbor_train.runtime import build_components
+    from arbor_train.scoring.answers import answer_token_recall
     from data_gen.replay import replay_routing
 
     rows: dict[str, list[dict]] = {k: [] for k in ("conversations", "extraction", "events", "summaries",
-                                                   "localization", "routing", "qa")}
+                                                   "localization", "routing", "reader", "qa")}
     label_counts: Counter = Counter()
     recall = Counter()
     comps = build_components(runtime_cfg)
@@ -152,11 +164,21 @@ def convert(convs, runtime_cfg: dict, categories: list[int], rules: list[str], p
                  for i, it in enumerate(inters)]
 
         def questions(rp, conv=conv, idx_of=idx_of, n=len(inters)):
+            now = conv.sessions[-1].date_time if conv.sessions else None  # asked after the conversation (eval's read)
             for q in conv.questions:
                 if int(q.category) not in categories:
                     continue
                 gold = sorted({idx_of[e] for e in q.evidence if e in idx_of})
                 loc, cands = rp.localize_question(q.question)
+                target = reader_target(q.answer, q.category)
+                for budget in reader_budgets:
+                    ctx = rp.mem.assemble(q.question, loc, now=now, budget=budget)
+                    rows["reader"].append({
+                        "session_id": cid, "turn": n, "input": q.question, "timestamp": now, "context": ctx.text,
+                        "answer": target, "gold": target, "confounder": None, "question_type": str(q.category),
+                        "dimension": q.extra["category_name"], "budget": budget, "ablation": "full",
+                        "gold_in_context": answer_token_recall(ctx.text, target) == 1.0,
+                        "confounder_in_context": False, "session_fingerprint": cid})
                 recall["questions"] += 1
                 recall["evidence_in_candidates"] += any(c["turn"] in gold for c in cands)
                 rows["localization"].append({
@@ -280,9 +302,13 @@ def _run(cfg: DictConfig) -> dict:
     out = Path(str(cfg.out_dir))
     if out.exists() and not overwrite:  # fail before any work
         raise OutputExistsError(f"out_dir={str(out)!r} already exists; pass overwrite=true to replace it")
+    budgets = cfg.get("reader_budgets") or []
+    if isinstance(budgets, str):
+        raise ConfigError(f"option reader_budgets must be a list of read budgets (tokens), got {budgets!r}")
+    budgets = tuple(parse_int(b, f"reader_budgets[{k}]", minimum=64) for k, b in enumerate(budgets))
     convs = load_locomo(str(cfg.input))
     rows, label_counts, recall = convert(convs, runtime_config(OmegaConf.to_container(cfg, resolve=True)), categories,
-                                         rules, progress)
+                                         rules, progress, budgets)
     stats = compute_stats(convs, rows, label_counts, recall, categories)
     write_sets(out, rows, stats, card(stats, str(cfg.input)), overwrite)
     print(f"wrote {out}: {stats['conversations']} conversations, {stats['sessions']} sessions, "

@@ -22,12 +22,18 @@ eval.pipeline.run_stages):
 4. `eval_f<k>`: every row of `rows` and every ablation of the localized runtime (`ablations`) at every
    budget of `budgets` on the held-out conversations (one eval.compare grid process, so a cross-encoder
    scores each question-state pair once across budgets).
+5. `reader_f<k>` / `export_reader_f<k>` and `answers_f<k>`: the reader (`reader.experiment`, SmolLM2-135M +
+   LoRA) trained on the `reader` rows of `supervision` (the runtime's contexts of each question, the gold
+   answer the target) of every conversation but the fold's; then each row of `answers.rows` is read at
+   `answers.budget` on the held-out conversations and answered by that reader and by the untuned
+   SmolLM2-135M (`answers.readers`), scored with LoCoMo F1 per category.
 
 The reranker and tagger bundles of the "today" row (`reranker_bundle`, `tagger_bundle`) are trained on
 BranchMemEval only, so they hold no LoCoMo text and serve every fold. The merged table (`<out>/table.md`,
 `merged.json`, plots) gives, per row and budget, the mean over folds and each fold's value, for evidence
 recall and answer-token recall, per LoCoMo category, question localization (an evidence state at 1, in
-the top 5, among the recalled candidates), and the cost (read p95).
+the top 5, among the recalled candidates), and the cost (read p95); and LoCoMo F1 per reader, row and
+category.
 """
 
 from __future__ import annotations
@@ -78,6 +84,7 @@ ABLATIONS = ("state_localization", "localized_states", "routing", "atomic_facts"
 MEASURES = ("evidence_recall", "answer_token_recall")
 LOCALIZATION = ("localization_at_1", "localization_at_5", "evidence_in_candidates")
 FACT_EXTRACTORS = ("heuristic", "untuned", "tuned", "teacher", "distilled")
+READERS = ("tuned", "untuned")  # the fold's reader; the prompted SmolLM2-135M (the floor)
 
 
 def split_folds(ids: list[str], k: int) -> list[list[str]]:
@@ -128,18 +135,48 @@ def check_options(c: dict) -> None:
         if not Path(str(c[key])).exists():
             hint = " (run python -m data_gen.locomo input=<LoCoMo files> first)" if key == "supervision" else ""
             raise MissingInputError(f"option {key}={c[key]!r}: no such file or folder{hint}")
+    check_answers(c)
     parse_choice(c["router"]["experiment"], "router.experiment", conf_options("experiment"))
     c["router"]["locomo_mix"] = parse_int(c["router"]["locomo_mix"], "router.locomo_mix", minimum=0)
     if not isinstance(c["router"].get("overrides", []), list):
         raise ConfigError(f"option router.overrides must be a list of overrides, got {c['router']['overrides']!r}")
-    needs = {"reranker_bundle": any(r in BUNDLED and r not in ROUTED for r in c["rows"]),
-             "tagger_bundle": c["tagger_bundle"] is not None and (any(r in BUNDLED for r in c["rows"]) or c["ablations"])}
+    rows = [*c["rows"], *answered(c)]
+    needs = {"reranker_bundle": any(r in BUNDLED and r not in ROUTED for r in rows),
+             "tagger_bundle": c["tagger_bundle"] is not None and (any(r in BUNDLED for r in rows) or c["ablations"])}
     for key in ("reranker_bundle", "tagger_bundle"):
         if needs[key] and not (Path(str(c[key])) / "manifest.json").exists():
             raise MissingInputError(f"option {key}={c[key]!r}: no bundle there (python -m arbor_train.export; the "
                                     f"main job writes outputs/pipeline/bundles/{key.split('_')[0]})")
-    if any(r in ROUTED for r in c["rows"]) or c["ablations"]:
+    if any(r in ROUTED for r in rows) or c["ablations"]:
         check_supervision(Path(str(c["supervision"])))
+    if answered(c) and "tuned" in c["answers"]["readers"]:
+        f = Path(str(c["supervision"])) / "jsonl" / "reader.jsonl"
+        if not f.exists() or f.stat().st_size == 0:
+            raise MissingInputError(f"option supervision={c['supervision']!r}: no reader rows (jsonl/reader.jsonl) to "
+                                    f"tune the fold's reader on; make it again: {SUPERVISION_HINT} (reader_budgets is "
+                                    "on by default), or set answers.readers=[untuned]")
+
+
+def answered(c: dict) -> list[str]:
+    """The rows whose contexts are answered (none without a reader)."""
+    return list(c["answers"]["rows"]) if c["answers"]["readers"] else []
+
+
+def check_answers(c: dict) -> None:
+    a = c["answers"]
+    for key, known in (("rows", ROWS), ("readers", READERS), ("overrides", None)):
+        if not isinstance(a.get(key), list):
+            raise ConfigError(f"option answers.{key} must be a list, got {a.get(key)!r}")
+        for i, x in enumerate(a[key]):
+            if known is not None:
+                parse_choice(x, f"answers.{key}[{i}]", tuple(known))
+    a["budget"] = parse_int(a["budget"], "answers.budget", minimum=1)
+    if a.get("max_questions") is not None:
+        a["max_questions"] = parse_int(a["max_questions"], "answers.max_questions", minimum=1)
+    if "tuned" in a["readers"] and a["rows"]:
+        parse_choice(c["reader"]["experiment"], "reader.experiment", conf_options("experiment"))
+        if not isinstance(c["reader"].get("overrides", []), list):
+            raise ConfigError(f"option reader.overrides must be a list of overrides, got {c['reader']['overrides']!r}")
 
 
 def check_supervision(sup: Path) -> None:
@@ -162,10 +199,9 @@ SUPERVISION_HINT = ("python -m data_gen.locomo input=<LoCoMo files> out_dir=<sup
 def locomo_mix_index(c: dict) -> int:
     """The `data.mix` source of the router experiment that the CV points at `supervision` (`router.locomo_mix`),
     checked against the experiment itself, so the fold's exclusion lands on the LoCoMo questions."""
-    from hydra import compose, initialize_config_dir
+    from arbor_train.runtime.config import compose  # (under `python -m eval.locomo_cv`, Hydra is initialized)
 
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=[f"experiment={c['router']['experiment']}", *c["router"].get("overrides", [])])
+    cfg = compose("train", [f"experiment={c['router']['experiment']}", *c["router"].get("overrides", [])])
     mix = OmegaConf.to_container(cfg.data, resolve=True).get("mix") or []
     at = c["router"]["locomo_mix"]
     if not 0 <= at < len(mix) or "localization" not in (mix[at].get("sets") or []):
@@ -197,7 +233,7 @@ def plan(c: dict, folds: list[list[str]], out: Path) -> list:
     py = [c["python"] or sys.executable]
     stages: list[Stage] = []
     sup = str(Path(c["supervision"]).resolve())
-    routed = any(r in ROUTED for r in c["rows"]) or bool(c["ablations"])
+    routed = any(r in ROUTED for r in [*c["rows"], *answered(c)]) or bool(c["ablations"])
     mix_at = locomo_mix_index(c) if routed else None
     extract = bool(set(c["tuned_kinds"])) or "tuned" in c["fact_extractors"]
     for k, held in enumerate(folds):
@@ -270,6 +306,41 @@ def plan(c: dict, folds: list[list[str]], out: Path) -> list:
                                                *[x for sp in specs for x in ("--row", sp)], "--budgets",
                                                *map(str, c["budgets"]), "--out", str(out / f"eval_f{k}" / "runs"), *ev],
                                 deps, what=f"rows and ablations x budgets on conversations {held}"))
+        stages += answer_stages(c, k, held, fold, sup, py, out, ev, fills, needs_of)
+    return stages
+
+
+def answer_stages(c: dict, k: int, held: list[str], fold: Path, sup: str, py: list[str], out: Path, ev: list[str],
+                  fills: dict, needs_of: dict) -> list:
+    """The fold's reader (trained on the other folds' reader rows) and the answers: each row of `answers.rows`
+    at `answers.budget` on the held-out conversations, answered by every reader of `answers.readers`."""
+    from eval.pipeline import Stage
+
+    a, stages = c["answers"], []
+    rows = answered(c)
+    if not rows:
+        return []
+    reader, reader_run = fold / "reader", fold / "reader_train" / "run"
+    models = []
+    if "tuned" in a["readers"]:
+        stages.append(Stage(f"reader_f{k}", [*py, "-m", "arbor_train.train", f"experiment={c['reader']['experiment']}",
+                                             f"run_dir={reader_run}", f"data.train_dir={sup}",
+                                             f"data.exclude_sessions={_list(held)}", *c["reader"].get("overrides", [])],
+                            what=f"reader; runtime contexts of every conversation but {held}"))
+        stages.append(Stage(f"export_reader_f{k}", [*py, "-m", "arbor_train.export", f"run_dir={reader_run}",
+                                                    f"out={reader}", "overwrite=true"], [f"reader_f{k}"],
+                            what="reader bundle"))
+        models.append(f"answer_model=bundle answer_model.llm.path={reader}")
+    if "untuned" in a["readers"]:
+        models.append("answer_model=smollm2")
+    specs = [f"{ROWS[r].format(**fills)} {m} {' '.join(a['overrides'])}".strip() for r in rows for m in models]
+    keys = [key for key in ("tuned", "router") if any("{" + key + "}" in ROWS[r] for r in rows)]
+    deps = sorted({d for key in keys for d in needs_of[key]} | ({f"export_reader_f{k}"} if "tuned" in a["readers"] else set()))
+    cap = [] if a.get("max_questions") is None else [f"locomo.max_questions={a['max_questions']}"]
+    stages.append(Stage(f"answers_f{k}", [*py, "-m", "eval.compare", "grid", *[x for sp in specs for x in ("--row", sp)],
+                                          "--budgets", str(a["budget"]), "--out", str(out / f"answers_f{k}" / "runs"),
+                                          *ev, *cap],
+                        deps, what=f"answers (LoCoMo F1) over {rows} at {a['budget']} tokens on conversations {held}"))
     return stages
 
 
@@ -307,6 +378,13 @@ def merge(out: Path, folds: list[list[str]], c: dict) -> dict:
             if d.exists():
                 for r in collect([d]):
                     cells.setdefault((row_name(r), int(r["budget"])), {})[k] = r
+    answers: dict[tuple[str, str, int], dict[int, dict]] = {}
+    for k in range(len(folds)):
+        d = out / f"answers_f{k}" / "runs"
+        for r in collect([d]) if d.exists() else []:
+            if r.get("f1") is not None:
+                reader = "tuned" if str(r.get("reader") or "").startswith("bundle") else "untuned"
+                answers.setdefault((row_name(r), reader, int(r["budget"])), {})[k] = r
     facts: dict[str, dict[int, dict]] = {}
     for ex in c["fact_extractors"]:
         for k in range(len(folds)):
@@ -318,7 +396,17 @@ def merge(out: Path, folds: list[list[str]], c: dict) -> dict:
         xs = [x for x in xs if x is not None]
         return round(sum(xs) / len(xs), 4) if xs else None
 
-    merged = {"folds": folds, "rows": [], "facts": {}}
+    merged = {"folds": folds, "rows": [], "facts": {}, "answers": []}
+    for (name, reader, budget), by_fold in sorted(answers.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        cats = sorted({cat for r in by_fold.values() for cat in (r.get("f1_by_category") or {})})
+        merged["answers"].append({
+            "row": name, "reader": reader, "label": f"{reader} reader, {name}", "budget": budget,
+            "folds_done": sorted(by_fold),
+            "questions": sum(r.get("questions") or 0 for r in by_fold.values()),
+            **{m: mean([by_fold[k].get(m) for k in sorted(by_fold)]) for m in ("f1", "answer_token_recall")},
+            "f1_per_fold": {k: mean([by_fold[k].get("f1")]) for k in sorted(by_fold)},  # (rounded as the mean)
+            "f1_by_category": {cat: mean([(r.get("f1_by_category") or {}).get(cat) for r in by_fold.values()])
+                               for cat in cats}})
     for (name, budget), by_fold in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         row = {"row": name, "budget": budget, "folds_done": sorted(by_fold)}
         for m in (*MEASURES, *LOCALIZATION, "ingest_s_per_turn", "read_s_p95"):
@@ -352,9 +440,9 @@ def tables(merged: dict, c: dict) -> str:
     lines = [f"LoCoMo cross-validation: {len(folds)} folds ({'; '.join(','.join(f) for f in folds)}), "
              f"{len(done)} run ({', '.join(map(str, done))}); each cell is the mean over the folds run of "
              "evidence recall / answer-token recall (per-fold values below).", ""]
-    if not merged["rows"]:  # fact extraction only (rows=[] ablations=[])
-        lines = [f"LoCoMo cross-validation: {len(folds)} folds ({'; '.join(','.join(f) for f in folds)}), fact "
-                 "extraction only."]
+    if not merged["rows"]:  # answers or fact extraction only (rows=[] ablations=[])
+        lines = [f"LoCoMo cross-validation: {len(folds)} folds ({'; '.join(','.join(f) for f in folds)}), no "
+                 "retrieval rows (rows=[], ablations=[])."]
     budgets = sorted({r["budget"] for r in merged["rows"]})
     names = list(dict.fromkeys(r["row"] for r in merged["rows"]))
     at = {(r["row"], r["budget"]): r for r in merged["rows"]}
@@ -401,6 +489,23 @@ def tables(merged: dict, c: dict) -> str:
             lines.append(f"| {r['row']} | {r['budget']} | " + " | ".join(
                 f"{_f(r['evidence_recall_by_category'].get(cat))} / {_f(r['answer_token_recall_by_category'].get(cat))}"
                 for cat in cats) + " |")
+    if merged.get("answers"):
+        budget = merged["answers"][0]["budget"]
+        cats = sorted({cat for r in merged["answers"] for cat in r["f1_by_category"]})
+        lines += ["", f"Answers: LoCoMo F1 at {budget:,} tokens, mean over folds (tuned: the fold's SmolLM2-135M reader, "
+                  "trained on runtime contexts of the other folds' conversations; untuned: SmolLM2-135M prompted), per "
+                  "category (1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop) and per fold:", "",
+                  "| reader | row | F1 | " + " | ".join(f"cat {cat}" for cat in cats) + " | answer-token recall | "
+                  + " | ".join(f"F1 fold {k}" for k in range(len(folds))) + " | questions |",
+                  "|---|---|---:|" + "---:|" * (len(cats) + 1 + len(folds)) + "---:|"]
+        for r in merged["answers"]:
+            pf = r["f1_per_fold"]
+            lines.append(f"| {r['reader']} | {r['row']} | {_f(r['f1'])} | "
+                         + " | ".join(_f(r["f1_by_category"].get(cat)) for cat in cats)
+                         + f" | {_f(r['answer_token_recall'])} | "
+                         + " | ".join(_f(pf.get(k, pf.get(str(k)))) for k in range(len(folds))) + f" | {r['questions']} |")
+        if c["answers"].get("max_questions"):
+            lines.append(f"\n(the first {c['answers']['max_questions']} QA questions of each held-out conversation)")
     if merged["facts"]:
         lines += ["", "Fact extraction against the held-out conversations' observations (token F1 >= 0.5, one-to-one):", "",
                   "| extractor | P | R | F1 | JSON valid | s/interaction | " + " | ".join(f"F1 fold {k}" for k in range(len(folds))) + " |",
@@ -432,7 +537,7 @@ def plot(merged: dict, out: Path) -> list[Path]:
     rows = [r for r in merged["rows"] if " without " not in r["row"]]
     names = list(dict.fromkeys(r["row"] for r in rows))
     budgets = sorted({r["budget"] for r in rows})
-    pics = plot_facts(merged, out, plt)
+    pics = plot_facts(merged, out, plt) + plot_answers(merged, out, plt)
     if len(budgets) < 2:
         return pics
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
@@ -458,31 +563,58 @@ def plot(merged: dict, out: Path) -> list[Path]:
     return [p, *pics]
 
 
+def grouped_bars(ax, series: list[tuple[str, list, str | None]], n_groups: int) -> None:
+    """One bar per (label, values, hatch) series in each of `n_groups` groups; a None value draws no bar."""
+    width = 0.8 / len(series)
+    for i, (label, ys, hatch) in enumerate(series):
+        xs = [g + (i - (len(series) - 1) / 2) * width for g in range(n_groups)]
+        ax.bar([x for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None], width, label=label,
+               hatch=hatch)
+
+
+def save_bars(fig, ax, path: Path, legend_size: int) -> list[Path]:
+    ax.legend(fontsize=legend_size)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return [path]
+
+
+def plot_answers(merged: dict, out: Path, plt) -> list[Path]:
+    """LoCoMo F1 per category: one group of bars per category (and overall), one bar per reader and row."""
+    rows = merged.get("answers") or []
+    if not rows:
+        return []
+    cats = sorted({cat for r in rows for cat in r["f1_by_category"]})
+    groups = [*cats, "all"]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.5 * len(groups) + 2), 3.8))
+    grouped_bars(ax, [(f"{r['reader']} reader, {r['row']}", [r["f1_by_category"].get(cat) for cat in cats] + [r["f1"]],
+                       None if r["reader"] == "tuned" else "//") for r in rows], len(groups))
+    names = {"1": "multi-hop", "2": "temporal", "3": "open-domain", "4": "single-hop"}
+    ax.set_xticks(range(len(groups)), [f"{g}\n{names.get(g, '')}".strip() for g in groups])
+    ax.set_ylabel("LoCoMo F1")
+    done = len({k for r in rows for k in r["folds_done"]})
+    ax.set_title(f"LoCoMo answers at {rows[0]['budget']:,} tokens, mean of {done} of {len(merged['folds'])} folds")
+    return save_bars(fig, ax, out / "locomo_cv_answers.png", 7)
+
+
 def plot_facts(merged: dict, out: Path, plt) -> list[Path]:
     """Fact F1 against the held-out observations: one group of bars per fold, one bar per extractor."""
     facts = merged["facts"]
     if not facts:
         return []
     folds = merged["folds"]
-    names = list(facts)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(folds) + 2), 3.8))
-    width = 0.8 / len(names)
-    for i, n in enumerate(names):
-        pf = facts[n]["per_fold"]
-        ys = [(pf.get(k) or pf.get(str(k)) or {}).get("f1") for k in range(len(folds))]
-        xs = [k + (i - (len(names) - 1) / 2) * width for k in range(len(folds))]
-        ax.bar([x for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None], width,
-               label=f"{n} (mean {facts[n]['f1']:.3f})" if facts[n]["f1"] is not None else n)
+    grouped_bars(ax, [(f"{n} (mean {f['f1']:.3f})" if f["f1"] is not None else n,
+                       [(f["per_fold"].get(k) or f["per_fold"].get(str(k)) or {}).get("f1") for k in range(len(folds))],
+                       None) for n, f in facts.items()], len(folds))
     ax.set_xticks(range(len(folds)), [f"fold {k}\n({','.join(f)})" for k, f in enumerate(folds)])
     ax.set_ylabel("fact F1 vs observations")
     ax.set_title("LoCoMo fact extraction on held-out conversations")
-    ax.legend(fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    p = out / "locomo_cv_facts.png"
-    fig.savefig(p, dpi=120)
-    plt.close(fig)
-    return [p]
+    return save_bars(fig, ax, out / "locomo_cv_facts.png", 8)
 
 
 def run(cfg: DictConfig | dict) -> dict:

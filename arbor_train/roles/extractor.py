@@ -114,14 +114,12 @@ def mix_rows(c: dict) -> tuple[list[dict], list[str], str]:
         bad = [x for x in kinds if x not in KINDS]
         if bad:
             raise ConfigError(f"option data.mix[{k}].kinds: unknown extraction kind(s) {bad}; known: {list(KINDS)}")
-        keep = set(map(str, src["sessions"])) if src.get("sessions") is not None else None
-        drop = set(map(str, src.get("exclude_sessions") or []))
         sets = D.load_sets(src["dir"], list(src["sets"]))
-        rows = [dict(r, _kinds=kinds) for n in src["sets"] for r in sets[n]
-                if (keep is None or str(r["session_id"]) in keep) and str(r["session_id"]) not in drop]
+        rows = [dict(r, _kinds=kinds) for n in src["sets"]
+                for r in D.of_sessions(sets[n], src.get("sessions"), src.get("exclude_sessions"))]
         if not rows:
             raise ConfigError(f"option data.mix[{k}]: no rows of {list(src['sets'])} in {src['dir']} are left "
-                              f"after sessions={src.get('sessions')!r}, exclude_sessions={sorted(drop)}")
+                              f"after sessions={src.get('sessions')!r}, exclude_sessions={src.get('exclude_sessions')!r}")
         # seeded shuffle before the cap: the rows come in file order, so a plain cap would keep the first
         # conversations only (900 of ~1,850 LoCoMo rows were 3 of the 6 training conversations)
         random.Random(c["seed"] + k).shuffle(rows)
@@ -129,7 +127,8 @@ def mix_rows(c: dict) -> tuple[list[dict], list[str], str]:
         used |= {str(r["session_id"]) for r in rows}
         out += rows
         fp += "+" + D.fingerprint(src["dir"], list(src["sets"])) + ":" + json.dumps(
-            {"kinds": kinds, "sessions": sorted(keep) if keep is not None else None, "exclude": sorted(drop),
+            {"kinds": kinds, "sessions": sorted(map(str, src["sessions"])) if src.get("sessions") is not None else None,
+             "exclude": sorted(map(str, src.get("exclude_sessions") or [])),
              "max_rows": src.get("max_rows")}, sort_keys=True)
     return out, sorted(used), fp
 

@@ -59,9 +59,16 @@ def reader_examples(rows: list[dict], tokenizer, max_length: int) -> tuple[list[
     return examples, gen, dropped
 
 
-def reader_scores(preds: list[str], rows: list[dict]) -> dict[str, Any]:
-    """Generated answers scored as the harness scores them."""
-    from arbor_train.scoring.answers import ERROR_CATEGORIES, answer_correct, error_category, normalize_answer
+def reader_scores(preds: list[str], rows: list[dict], locomo: bool = False) -> dict[str, Any]:
+    """Generated answers scored as the harness scores them (`locomo`: LoCoMo rows, whose question_type is the
+    LoCoMo category, also get LoCoMo's F1)."""
+    from arbor_train.scoring.answers import (
+        ERROR_CATEGORIES,
+        answer_correct,
+        error_category,
+        locomo_score,
+        normalize_answer,
+    )
 
     known = [(p, r) for p, r in zip(preds, rows) if r["gold_in_context"]]
     missing = [(p, r) for p, r in zip(preds, rows) if not r["gold_in_context"]]
@@ -69,7 +76,9 @@ def reader_scores(preds: list[str], rows: list[dict]) -> dict[str, Any]:
     for p, r in zip(preds, rows):
         errors[error_category(p, r["gold"], r["confounder"], r["context"])] += 1
     unknown = normalize_answer(UNKNOWN_ANSWER)
-    return {
+    extra = {"locomo_f1": round(sum(locomo_score(p, r["gold"], int(r["question_type"])) for p, r in zip(preds, rows))
+                                / max(1, len(rows)), 4)} if locomo else {}
+    return {**extra,
         "answer_accuracy": round(sum(answer_correct(p, r["gold"], r["confounder"]) for p, r in zip(preds, rows))
                                  / max(1, len(rows)), 4),
         "accuracy_gold_in_context": round(sum(answer_correct(p, r["gold"], r["confounder"]) for p, r in known)
@@ -89,7 +98,7 @@ class ReaderModule(ExtractorModule):
             return {}
         outs = self.held_out_outputs()
         rows = [g["row"] for g in self.gen_examples]
-        m = reader_scores(outs, rows)
+        m = reader_scores(outs, rows, locomo=bool(self.cfg["task"].get("locomo_f1")))
         m["samples"] = [{"question": r["input"], "target": r["answer"], "output": o} for r, o in list(zip(rows, outs))[:3]]
         return m
 
@@ -98,7 +107,7 @@ class Reader(Role):
     name = "reader"
     supervision = "reader"
     bundle_kinds = {"decoder": "causal_lm"}
-    report_columns = {"answer_accuracy": "answer accuracy", "accuracy_gold_in_context": "accuracy, gold in context",
+    report_columns = {"answer_accuracy": "answer accuracy", "locomo_f1": "LoCoMo F1", "accuracy_gold_in_context": "accuracy, gold in context",
                       "unknown_when_missing": "\"unknown\" when the gold is missing", "loss": "held-out loss",
                       "generated": "held-out generations"}
 
@@ -109,6 +118,12 @@ class Reader(Role):
     def build(self, c: dict) -> Built:
         t, dc = c["task"], c["data"]
         tr_rows, va_rows = load_rows(c, ["reader"])
+        # the conversations a fold trains on (LoCoMo: eval.locomo_cv leaves the held-out fold out)
+        for rows in (tr_rows, va_rows):
+            rows["reader"] = D.of_sessions(rows["reader"], dc.get("sessions"), dc.get("exclude_sessions"))
+        if not tr_rows["reader"]:
+            raise ConfigError(f"option data.train_dir={dc['train_dir']!r}: no reader rows are left after "
+                              f"data.sessions={dc.get('sessions')!r}, data.exclude_sessions={dc.get('exclude_sessions')!r}")
         model, tok, layout = build_sft_model(c)
         share = t.get("unknown_share")
         tr_sel = select_reader_rows(tr_rows["reader"], dc.get("max_train_examples"), share, c["seed"])

@@ -50,19 +50,16 @@ def mix_groups(c: dict) -> tuple[list, list[str]]:
     for k, src in enumerate(c["data"].get("mix") or []):
         if not isinstance(src, dict) or not src.get("dir") or not src.get("sets"):
             raise ConfigError(f"option data.mix[{k}] must be {MIX_FORM}, got {src!r}")
-        keep = set(map(str, src["sessions"])) if src.get("sessions") is not None else None
-        drop = set(map(str, src.get("exclude_sessions") or []))
         sets = D.load_sets(src["dir"], list(src["sets"]))
         groups, sessions = [], []
         for n in src["sets"]:
-            rows = [r for r in sets[n] if (keep is None or str(r["session_id"]) in keep)
-                    and str(r["session_id"]) not in drop]
+            rows = D.of_sessions(sets[n], src.get("sessions"), src.get("exclude_sessions"))
             made = D.rerank_groups(rows, n, t["group_size"], t["include_new_root"], **group_options(t))
             groups += made
             sessions += [str(r["session_id"]) for r in rows]
         if not groups:
             raise ConfigError(f"option data.mix[{k}]: no groups of {list(src['sets'])} in {src['dir']} are left "
-                              f"after sessions={src.get('sessions')!r}, exclude_sessions={sorted(drop)}")
+                              f"after sessions={src.get('sessions')!r}, exclude_sessions={src.get('exclude_sessions')!r}")
         random.Random(c["seed"] + k).shuffle(groups)
         out += cap(groups, src.get("max_groups"))
         if "sessions" in src or "exclude_sessions" in src:  # a source split by conversation records them

@@ -28,6 +28,8 @@ def check(c: dict) -> None:
         raise ConfigError(f"option locomo.categories must be a non-empty list of LoCoMo categories (1-5), got {cats!r}")
     for k, x in enumerate(cats):
         parse_choice(parse_int(x, f"locomo.categories[{k}]"), f"locomo.categories[{k}]", (1, 2, 3, 4, 5))
+    if c["locomo"].get("max_questions") is not None:
+        c["locomo"]["max_questions"] = parse_int(c["locomo"]["max_questions"], "locomo.max_questions", minimum=1)
 
 
 def load(c: dict) -> list:
@@ -45,9 +47,8 @@ def replay(conv, method, answers, judge, c: dict) -> tuple[list[dict], list[dict
     ingest_s = time.perf_counter() - t0
     last_date = conv.sessions[-1].date_time if conv.sessions else None
     recs = []
-    for q in conv.questions:
-        if int(q.category) not in categories:
-            continue
+    asked = [q for q in conv.questions if int(q.category) in categories][: c["locomo"].get("max_questions") or None]
+    for q in asked:
         t0 = time.perf_counter()
         r = method.read(q.question, last_date, c["budget"])
         read_s = time.perf_counter() - t0
@@ -101,5 +102,6 @@ def summarize(recs: list[dict], _: list[dict]) -> dict[str, Any]:
     return out
 
 
+# a LoCoMo reader (data_gen.locomo's reader set) lists the conversation ids it trained on
 PROTOCOL = Protocol(name="locomo", check=check, load=load, unit_id=lambda conv: conv.conversation_id,
-                    replay=replay, summarize=summarize)
+                    replay=replay, summarize=summarize, fingerprint=lambda conv: conv.conversation_id)
