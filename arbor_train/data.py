@@ -377,9 +377,18 @@ def split(items: list, val_fraction: float, seed: int) -> tuple[list, list]:
     return [x for i, x in enumerate(items) if i not in val], [x for i, x in enumerate(items) if i in val]
 
 
-def of_sessions(rows, sessions, exclude) -> list[dict]:
+def of_sessions(rows, sessions, exclude, option: str) -> list[dict]:
     """The rows whose `session_id` (a LoCoMo or IRC conversation id, a BranchMemEval session) is among
-    `sessions` (None: any) and not among `exclude`: how a source is split by conversation (folds)."""
+    `sessions` (None: any) and not among `exclude`: how a source is split by conversation (folds). Both are
+    lists of ids (`<option>.sessions`, `<option>.exclude_sessions`); a lone id is refused, never read as
+    its characters."""
+    from collections.abc import Sequence
+
+    from .errors import ConfigError
+
+    for key, ids in (("sessions", sessions), ("exclude_sessions", exclude)):
+        if ids is not None and (isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence)):
+            raise ConfigError(f"option {option}.{key} must be a list of conversation ids, got {ids!r}")
     keep = set(map(str, sessions)) if sessions is not None else None
     drop = set(map(str, exclude or []))
     return [r for r in rows if (keep is None or str(r["session_id"]) in keep) and str(r["session_id"]) not in drop]

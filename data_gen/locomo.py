@@ -111,19 +111,13 @@ def weak_labels(conv, inters, rules: list[str]) -> tuple[dict[int, tuple[int, st
     return labels, counts
 
 
-def reader_target(answer, category: int) -> str:
-    """What a LoCoMo reader is taught to answer: the gold as LoCoMo F1 scores it (category 3: its first part)."""
-    gold = "" if answer is None else str(answer)
-    return gold.split(";")[0].strip() if int(category) == 3 else gold
-
-
 def convert(convs, runtime_cfg: dict, categories: list[int], rules: list[str], progress: bool = True,
             reader_budgets: tuple[int, ...] = ()):
     from tqdm import tqdm
 
     from arbor_train.conversations.schema import interactions
     from arbor_train.runtime import build_components
-    from arbor_train.scoring.answers import answer_token_recall
+    from arbor_train.scoring.answers import answer_token_recall, locomo_gold
     from data_gen.replay import replay_routing
 
     rows: dict[str, list[dict]] = {k: [] for k in ("conversations", "extraction", "events", "summaries",
@@ -164,13 +158,13 @@ def convert(convs, runtime_cfg: dict, categories: list[int], rules: list[str], p
                  for i, it in enumerate(inters)]
 
         def questions(rp, conv=conv, idx_of=idx_of, n=len(inters)):
-            now = conv.sessions[-1].date_time if conv.sessions else None  # asked after the conversation (eval's read)
+            now = conv.end_time  # asked after the conversation, as eval's LoCoMo protocol reads it
             for q in conv.questions:
                 if int(q.category) not in categories:
                     continue
                 gold = sorted({idx_of[e] for e in q.evidence if e in idx_of})
                 loc, cands = rp.localize_question(q.question)
-                target = reader_target(q.answer, q.category)
+                target = locomo_gold(q.answer, q.category)  # what a reader is taught: the gold LoCoMo F1 scores
                 for budget in reader_budgets:
                     ctx = rp.mem.assemble(q.question, loc, now=now, budget=budget)
                     rows["reader"].append({
@@ -302,10 +296,10 @@ def _run(cfg: DictConfig) -> dict:
     out = Path(str(cfg.out_dir))
     if out.exists() and not overwrite:  # fail before any work
         raise OutputExistsError(f"out_dir={str(out)!r} already exists; pass overwrite=true to replace it")
-    budgets = cfg.get("reader_budgets") or []
-    if isinstance(budgets, str):
-        raise ConfigError(f"option reader_budgets must be a list of read budgets (tokens), got {budgets!r}")
-    budgets = tuple(parse_int(b, f"reader_budgets[{k}]", minimum=64) for k, b in enumerate(budgets))
+    budgets = cfg.get("reader_budgets")
+    if budgets is None or isinstance(budgets, (str, int, float)) or not OmegaConf.is_list(budgets):
+        raise ConfigError(f"option reader_budgets must be a list of read budgets (tokens; [] for none), got {budgets!r}")
+    budgets = tuple(dict.fromkeys(parse_int(b, f"reader_budgets[{k}]", minimum=64) for k, b in enumerate(budgets)))
     convs = load_locomo(str(cfg.input))
     rows, label_counts, recall = convert(convs, runtime_config(OmegaConf.to_container(cfg, resolve=True)), categories,
                                          rules, progress, budgets)

@@ -120,13 +120,9 @@ def check_options(c: dict) -> None:
         c["facts_max_interactions"] = parse_int(c["facts_max_interactions"], "facts_max_interactions", minimum=1)
     for key, known in (("rows", ROWS), ("ablations", ABLATIONS), ("fact_extractors", FACT_EXTRACTORS),
                        ("tuned_kinds", ("summary", "entities", "facts", "states", "artifacts", "events"))):
-        if not isinstance(c[key], list):
-            raise ConfigError(f"option {key} must be a list, got {c[key]!r}")
-        for i, x in enumerate(c[key]):
+        for i, x in enumerate(listed(c[key], key)):
             parse_choice(x, f"{key}[{i}]", tuple(known))
-    parse_choice(c["extractor"]["experiment"], "extractor.experiment", conf_options("experiment"))
-    if not isinstance(c["extractor"].get("overrides", []), list):
-        raise ConfigError(f"option extractor.overrides must be a list of overrides, got {c['extractor']['overrides']!r}")
+    check_trainer(c, "extractor")
     if {"teacher", "distilled"} & set(c["fact_extractors"]) and not (Path(str(c["distilled"])) / "stats.json").exists():
         raise MissingInputError(f"option distilled={c['distilled']!r}: no finished distillation there (python -m "
                                 "data_gen.distill input=<LoCoMo files> input_format=locomo 'roles=[facts]' teacher=... "
@@ -136,10 +132,8 @@ def check_options(c: dict) -> None:
             hint = " (run python -m data_gen.locomo input=<LoCoMo files> first)" if key == "supervision" else ""
             raise MissingInputError(f"option {key}={c[key]!r}: no such file or folder{hint}")
     check_answers(c)
-    parse_choice(c["router"]["experiment"], "router.experiment", conf_options("experiment"))
+    check_trainer(c, "router")
     c["router"]["locomo_mix"] = parse_int(c["router"]["locomo_mix"], "router.locomo_mix", minimum=0)
-    if not isinstance(c["router"].get("overrides", []), list):
-        raise ConfigError(f"option router.overrides must be a list of overrides, got {c['router']['overrides']!r}")
     rows = [*c["rows"], *answered(c)]
     needs = {"reranker_bundle": any(r in BUNDLED and r not in ROUTED for r in rows),
              "tagger_bundle": c["tagger_bundle"] is not None and (any(r in BUNDLED for r in rows) or c["ablations"])}
@@ -157,6 +151,19 @@ def check_options(c: dict) -> None:
                                     "on by default), or set answers.readers=[untuned]")
 
 
+def listed(value, option: str, what: str = "a list") -> list:
+    """`value` itself when it is a list; otherwise a ConfigError naming the option."""
+    if not isinstance(value, list):
+        raise ConfigError(f"option {option} must be {what}, got {value!r}")
+    return value
+
+
+def check_trainer(c: dict, key: str) -> None:
+    """A model the CV trains per fold (`router`, `extractor`, `reader`): a shipped experiment, a list of overrides."""
+    parse_choice(c[key]["experiment"], f"{key}.experiment", conf_options("experiment"))
+    listed(c[key].get("overrides", []), f"{key}.overrides", "a list of overrides")
+
+
 def answered(c: dict) -> list[str]:
     """The rows whose contexts are answered (none without a reader)."""
     return list(c["answers"]["rows"]) if c["answers"]["readers"] else []
@@ -164,19 +171,15 @@ def answered(c: dict) -> list[str]:
 
 def check_answers(c: dict) -> None:
     a = c["answers"]
-    for key, known in (("rows", ROWS), ("readers", READERS), ("overrides", None)):
-        if not isinstance(a.get(key), list):
-            raise ConfigError(f"option answers.{key} must be a list, got {a.get(key)!r}")
-        for i, x in enumerate(a[key]):
-            if known is not None:
+    for key, known in (("rows", ROWS), ("readers", READERS), ("overrides", ())):
+        for i, x in enumerate(listed(a.get(key), f"answers.{key}")):
+            if known:
                 parse_choice(x, f"answers.{key}[{i}]", tuple(known))
     a["budget"] = parse_int(a["budget"], "answers.budget", minimum=1)
     if a.get("max_questions") is not None:
         a["max_questions"] = parse_int(a["max_questions"], "answers.max_questions", minimum=1)
     if "tuned" in a["readers"] and a["rows"]:
-        parse_choice(c["reader"]["experiment"], "reader.experiment", conf_options("experiment"))
-        if not isinstance(c["reader"].get("overrides", []), list):
-            raise ConfigError(f"option reader.overrides must be a list of overrides, got {c['reader']['overrides']!r}")
+        check_trainer(c, "reader")
 
 
 def check_supervision(sup: Path) -> None:
@@ -227,6 +230,25 @@ def tuned_overrides(c: dict, bundle: Path, reranker: Path | None = None) -> str:
     return " ".join(ov)
 
 
+def trained(py: list[str], name: str, export: str, experiment: str, run_dir: Path, bundle: Path, args: list[str],
+            what: str, what_bundle: str) -> list:
+    """A per-fold model: its training stage (python -m arbor_train.train experiment=... run_dir=... args) and
+    the export of its bundle."""
+    from eval.pipeline import Stage
+
+    return [Stage(name, [*py, "-m", "arbor_train.train", f"experiment={experiment}", f"run_dir={run_dir}", *args],
+                  what=what),
+            Stage(export, [*py, "-m", "arbor_train.export", f"run_dir={run_dir}", f"out={bundle}", "overwrite=true"],
+                  [name], what=what_bundle)]
+
+
+def stage_deps(rows: list[str], needs_of: dict, router: bool = False) -> list[str]:
+    """The stages an evaluation of these rows waits for: the bundles their `{tuned}`/`{router}` fills name
+    (`router`: the fold's router besides, for the ablations of the localized runtime)."""
+    keys = [key for key in ("tuned", "router") if any("{" + key + "}" in ROWS[r] for r in rows) or (key == "router" and router)]
+    return sorted({d for key in keys for d in needs_of[key]})
+
+
 def plan(c: dict, folds: list[list[str]], out: Path) -> list:
     from eval.pipeline import Stage
 
@@ -243,14 +265,10 @@ def plan(c: dict, folds: list[list[str]], out: Path) -> list:
         bundle, run_dir, distilled = fold / "bundle", fold / "train" / "run", fold / "bundle_distilled"
         router, router_run = fold / "router", fold / "router_train" / "run"
         if routed:
-            stages.append(Stage(f"router_f{k}", [*py, "-m", "arbor_train.train", f"experiment={c['router']['experiment']}",
-                                                 f"run_dir={router_run}", f"data.mix.{mix_at}.dir={sup}",
-                                                 f"data.mix.{mix_at}.exclude_sessions={_list(held)}",
-                                                 *c["router"].get("overrides", [])],
-                                what=f"question router; LoCoMo questions from every conversation but {held}"))
-            stages.append(Stage(f"export_router_f{k}", [*py, "-m", "arbor_train.export", f"run_dir={router_run}",
-                                                        f"out={router}", "overwrite=true"], [f"router_f{k}"],
-                                what="router bundle"))
+            stages += trained(py, f"router_f{k}", f"export_router_f{k}", c["router"]["experiment"], router_run, router,
+                              [f"data.mix.{mix_at}.dir={sup}", f"data.mix.{mix_at}.exclude_sessions={_list(held)}",
+                               *c["router"].get("overrides", [])],
+                              f"question router; LoCoMo questions from every conversation but {held}", "router bundle")
         if not extract:
             bundle = None
         adapters = []  # (stage suffix, bundle, run folder, LoCoMo facts source, what)
@@ -265,13 +283,10 @@ def plan(c: dict, folds: list[list[str]], out: Path) -> list:
             # the untuned model's held-out metrics are the same in every fold (same base model, same held-out
             # BranchMemEval set): the first adapter this run trains computes them, the others skip them
             again = [] if not any(st.name.startswith("train_") for st in stages) else ["task.compare_baselines=false"]
-            stages.append(Stage(f"train{tag}_f{k}", [*py, "-m", "arbor_train.train",
-                                                     f"experiment={c['extractor']['experiment']}", f"run_dir={r_dir}",
-                                                     mix, *again, *c["extractor"].get("overrides", [])],
-                                what=f"extractor adapter, every kind; {facts_what} from every conversation but {held}"))
-            stages.append(Stage(f"export{tag}_f{k}", [*py, "-m", "arbor_train.export", f"run_dir={r_dir}",
-                                                      f"out={b_dir}", "overwrite=true"], [f"train{tag}_f{k}"],
-                                what="extractor bundle"))
+            stages += trained(py, f"train{tag}_f{k}", f"export{tag}_f{k}", c["extractor"]["experiment"], r_dir, b_dir,
+                              [mix, *again, *c["extractor"].get("overrides", [])],
+                              f"extractor adapter, every kind; {facts_what} from every conversation but {held}",
+                              "extractor bundle")
         common = [f"input={c['input']}", f"conversations={_list(held)}"]
         cap = [] if c.get("facts_max_interactions") is None else [f"max_interactions={c['facts_max_interactions']}"]
         for ex in c["fact_extractors"]:
@@ -299,9 +314,7 @@ def plan(c: dict, folds: list[list[str]], out: Path) -> list:
         specs = [ROWS[r].format(**fills) for r in c["rows"]]
         specs += [ROWS["localized"].format(**fills) + f" ablation={a}" for a in c["ablations"]]
         if specs:
-            keys = [key for key in ("tuned", "router")
-                    if any("{" + key + "}" in ROWS[r] for r in c["rows"]) or (key == "router" and c["ablations"])]
-            deps = sorted({d for key in keys for d in needs_of[key]})
+            deps = stage_deps(c["rows"], needs_of, router=bool(c["ablations"]))
             stages.append(Stage(f"eval_f{k}", [*py, "-m", "eval.compare", "grid",
                                                *[x for sp in specs for x in ("--row", sp)], "--budgets",
                                                *map(str, c["budgets"]), "--out", str(out / f"eval_f{k}" / "runs"), *ev],
@@ -323,19 +336,14 @@ def answer_stages(c: dict, k: int, held: list[str], fold: Path, sup: str, py: li
     reader, reader_run = fold / "reader", fold / "reader_train" / "run"
     models = []
     if "tuned" in a["readers"]:
-        stages.append(Stage(f"reader_f{k}", [*py, "-m", "arbor_train.train", f"experiment={c['reader']['experiment']}",
-                                             f"run_dir={reader_run}", f"data.train_dir={sup}",
-                                             f"data.exclude_sessions={_list(held)}", *c["reader"].get("overrides", [])],
-                            what=f"reader; runtime contexts of every conversation but {held}"))
-        stages.append(Stage(f"export_reader_f{k}", [*py, "-m", "arbor_train.export", f"run_dir={reader_run}",
-                                                    f"out={reader}", "overwrite=true"], [f"reader_f{k}"],
-                            what="reader bundle"))
+        stages += trained(py, f"reader_f{k}", f"export_reader_f{k}", c["reader"]["experiment"], reader_run, reader,
+                          [f"data.train_dir={sup}", f"data.exclude_sessions={_list(held)}", *c["reader"].get("overrides", [])],
+                          f"reader; runtime contexts of every conversation but {held}", "reader bundle")
         models.append(f"answer_model=bundle answer_model.llm.path={reader}")
     if "untuned" in a["readers"]:
         models.append("answer_model=smollm2")
     specs = [f"{ROWS[r].format(**fills)} {m} {' '.join(a['overrides'])}".strip() for r in rows for m in models]
-    keys = [key for key in ("tuned", "router") if any("{" + key + "}" in ROWS[r] for r in rows)]
-    deps = sorted({d for key in keys for d in needs_of[key]} | ({f"export_reader_f{k}"} if "tuned" in a["readers"] else set()))
+    deps = sorted({*stage_deps(rows, needs_of), *([f"export_reader_f{k}"] if "tuned" in a["readers"] else [])})
     cap = [] if a.get("max_questions") is None else [f"locomo.max_questions={a['max_questions']}"]
     stages.append(Stage(f"answers_f{k}", [*py, "-m", "eval.compare", "grid", *[x for sp in specs for x in ("--row", sp)],
                                           "--budgets", str(a["budget"]), "--out", str(out / f"answers_f{k}" / "runs"),
@@ -379,11 +387,15 @@ def merge(out: Path, folds: list[list[str]], c: dict) -> dict:
                 for r in collect([d]):
                     cells.setdefault((row_name(r), int(r["budget"])), {})[k] = r
     answers: dict[tuple[str, str, int], dict[int, dict]] = {}
+    a = c.get("answers") or {}
     for k in range(len(folds)):
         d = out / f"answers_f{k}" / "runs"
         for r in collect([d]) if d.exists() else []:
-            if r.get("f1") is not None:
-                reader = "tuned" if str(r.get("reader") or "").startswith("bundle") else "untuned"
+            # eval.run names a reader bundle's answers "bundle <path>" (eval.run.answer_model_name)
+            reader = "tuned" if str(r.get("reader") or "").startswith("bundle ") else "untuned"
+            # only what the options ask for now: runs an earlier `answers.*` left in the folder are not merged
+            if r.get("f1") is not None and int(r["budget"]) == a.get("budget") and reader in a.get("readers", ()) \
+                    and row_name(r) in a.get("rows", ()):
                 answers.setdefault((row_name(r), reader, int(r["budget"])), {})[k] = r
     facts: dict[str, dict[int, dict]] = {}
     for ex in c["fact_extractors"]:

@@ -79,7 +79,6 @@ def test_reader_rows_are_each_questions_runtime_context_at_each_budget_with_its_
     assembles over the finished memory (within the budget), the gold LoCoMo F1 scores (category 3: its first
     part) as the target, the conversation id as the fingerprint a reader bundle records."""
     from arbor_train.runtime import TokenCounter
-    from arbor_train.scoring.answers import answer_token_recall
 
     out, stats = converted
     rows = [json.loads(l) for l in (out / "jsonl" / "reader.jsonl").open()]
@@ -95,7 +94,6 @@ def test_reader_rows_are_each_questions_runtime_context_at_each_budget_with_its_
         assert r["answer"] == r["gold"] == (gold.split(";")[0].strip() if q["category"] == "3" else gold)
         assert r["session_fingerprint"] == r["session_id"] and r["question_type"] == q["category"]
         assert counter.count(r["context"]) <= r["budget"] + 16  # the read's budget (the header lines aside)
-        assert r["gold_in_context"] == (answer_token_recall(r["context"], r["answer"]) == 1.0)
     # a wider read holds the answer at least as often
     held = {b: sum(r["gold_in_context"] for r in rows if r["budget"] == b) for b in (512, 1024)}
     assert held[1024] > held[512] > 50

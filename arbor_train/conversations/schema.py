@@ -126,6 +126,11 @@ class Conversation:
     def turn_ids(self) -> set[str]:
         return {t.turn_id for _, t in self.turns()}
 
+    @property
+    def end_time(self) -> str | None:
+        """The last session's date: when a question asked after the conversation is asked."""
+        return self.sessions[-1].date_time if self.sessions else None
+
     def to_json(self) -> dict:
         return asdict(self)
 

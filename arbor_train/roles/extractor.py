@@ -116,7 +116,7 @@ def mix_rows(c: dict) -> tuple[list[dict], list[str], str]:
             raise ConfigError(f"option data.mix[{k}].kinds: unknown extraction kind(s) {bad}; known: {list(KINDS)}")
         sets = D.load_sets(src["dir"], list(src["sets"]))
         rows = [dict(r, _kinds=kinds) for n in src["sets"]
-                for r in D.of_sessions(sets[n], src.get("sessions"), src.get("exclude_sessions"))]
+                for r in D.of_sessions(sets[n], src.get("sessions"), src.get("exclude_sessions"), f"data.mix[{k}]")]
         if not rows:
             raise ConfigError(f"option data.mix[{k}]: no rows of {list(src['sets'])} in {src['dir']} are left "
                               f"after sessions={src.get('sessions')!r}, exclude_sessions={src.get('exclude_sessions')!r}")

@@ -15,6 +15,7 @@ its training sessions (`training_sessions`), which the harness checks against th
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -120,10 +121,16 @@ class Reader(Role):
         tr_rows, va_rows = load_rows(c, ["reader"])
         # the conversations a fold trains on (LoCoMo: eval.locomo_cv leaves the held-out fold out)
         for rows in (tr_rows, va_rows):
-            rows["reader"] = D.of_sessions(rows["reader"], dc.get("sessions"), dc.get("exclude_sessions"))
+            rows["reader"] = D.of_sessions(rows["reader"], dc.get("sessions"), dc.get("exclude_sessions"), "data")
         if not tr_rows["reader"]:
             raise ConfigError(f"option data.train_dir={dc['train_dir']!r}: no reader rows are left after "
                               f"data.sessions={dc.get('sessions')!r}, data.exclude_sessions={dc.get('exclude_sessions')!r}")
+        if t.get("locomo_f1"):
+            odd = sorted({str(r.get("question_type")) for r in (*tr_rows["reader"], *va_rows["reader"])}
+                         - {"1", "2", "3", "4", "5"})
+            if odd:
+                raise ConfigError(f"option task.locomo_f1=true needs LoCoMo reader rows (question_type a LoCoMo category "
+                                  f"1-5: python -m data_gen.locomo); data.train_dir={dc['train_dir']!r} has {odd[:3]}")
         model, tok, layout = build_sft_model(c)
         share = t.get("unknown_share")
         tr_sel = select_reader_rows(tr_rows["reader"], dc.get("max_train_examples"), share, c["seed"])
@@ -136,8 +143,11 @@ class Reader(Role):
         module = ReaderModule(model, c, tok, gen[: t["gen_examples"]])
         train_loader, val_loader = sft_loaders(c, model, tok, layout, tr, va)
         sessions = sorted({r["session_fingerprint"] for r in tr_rows["reader"]})
-        return Built(module, tok, train_loader, val_loader, D.fingerprint(dc["train_dir"], ["reader"]),
-                     {"dropped": dropped, "training_sessions": sessions})
+        fp = D.fingerprint(dc["train_dir"], ["reader"])
+        if dc.get("sessions") is not None or dc.get("exclude_sessions"):  # a fold's share of the set
+            fp += ":" + json.dumps({"sessions": dc.get("sessions"), "exclude": sorted(map(str, dc.get("exclude_sessions") or []))},
+                                   sort_keys=True)
+        return Built(module, tok, train_loader, val_loader, fp, {"dropped": dropped, "training_sessions": sessions})
 
     def extras(self, c: dict, built: Built) -> dict[str, Any]:
         return {"training_sessions": built.extras["training_sessions"]}

@@ -53,7 +53,7 @@ def mix_groups(c: dict) -> tuple[list, list[str]]:
         sets = D.load_sets(src["dir"], list(src["sets"]))
         groups, sessions = [], []
         for n in src["sets"]:
-            rows = D.of_sessions(sets[n], src.get("sessions"), src.get("exclude_sessions"))
+            rows = D.of_sessions(sets[n], src.get("sessions"), src.get("exclude_sessions"), f"data.mix[{k}]")
             made = D.rerank_groups(rows, n, t["group_size"], t["include_new_root"], **group_options(t))
             groups += made
             sessions += [str(r["session_id"]) for r in rows]

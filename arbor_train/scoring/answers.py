@@ -143,6 +143,7 @@ __all__ = [
     "error_category",
     "is_hedge",
     "locomo_f1",
+    "locomo_gold",
     "locomo_normalize",
     "locomo_score",
     "locomo_stem",
@@ -261,6 +262,13 @@ def _says_abstain(pred: str, phrases: Iterable[str]) -> bool:
     return any(phrase.lower() in low for phrase in phrases)
 
 
+def locomo_gold(gold: Any, category: int) -> str:
+    """The part of a gold answer LoCoMo's F1 compares against (category 3, open-domain: the first of its
+    ";"-separated parts; otherwise the whole answer, stringified)."""
+    gold_text = _text(gold)
+    return gold_text.split(";")[0].strip() if int(category) == 3 else gold_text
+
+
 def locomo_score(
     pred: Any,
     gold: Any,
@@ -286,9 +294,9 @@ def locomo_score(
     pred_text = _text(pred)
     if category == 5:
         return float(_says_abstain(pred_text, abstention_phrases))
-    gold_text = _text(gold)
+    gold_text = locomo_gold(gold, category)
     if category == 3:
-        return locomo_f1(pred_text, gold_text.split(";")[0].strip())
+        return locomo_f1(pred_text, gold_text)
     if category in (2, 4):
         return locomo_f1(pred_text, gold_text)
     if category == 1:

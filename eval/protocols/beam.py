@@ -22,7 +22,7 @@ def replay(conv, method, answers, judge, c: dict) -> tuple[list[dict], list[dict
     from eval.judge import rubric_score
 
     _, idx_of = ingest(conv, method)
-    now = conv.sessions[-1].date_time if conv.sessions else None
+    now = conv.end_time
     recs = []
     for q in conv.questions:
         r = method.read(q.question, now, c["budget"])

@@ -45,7 +45,7 @@ def replay(conv, method, answers, judge, c: dict) -> tuple[list[dict], list[dict
     t0 = time.perf_counter()
     inters, idx_of = ingest(conv, method)
     ingest_s = time.perf_counter() - t0
-    last_date = conv.sessions[-1].date_time if conv.sessions else None
+    last_date = conv.end_time
     recs = []
     asked = [q for q in conv.questions if int(q.category) in categories][: c["locomo"].get("max_questions") or None]
     for q in asked:
