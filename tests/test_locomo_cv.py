@@ -541,3 +541,22 @@ def test_locomo_max_questions_reads_the_first_questions_of_each_conversation(tmp
 
     with pytest.raises(ConfigError, match="option locomo.max_questions"):
         run(bad)
+
+
+def test_the_locomo_page_says_what_its_answers_table_holds():
+    """docs/results/locomo_cv.md reads the locomo_answers table: the tuned reader best over the localized context
+    and ahead of BM25 in every fold run, the untuned one far below and lowest there, with the numbers quoted."""
+    from arbor_train.paths import REPO_ROOT
+
+    gen = REPO_ROOT / "docs" / "results" / "generated" / "locomo_answers"
+    rows = {r["row"]: r for r in json.loads((gen / "results.json").read_text())}
+    tl, tb, th = (rows[f"tuned reader, {n}"] for n in ("localized", "bm25", "hybrid"))
+    ul, ub, uh = (rows[f"untuned reader, {n}"] for n in ("localized", "bm25", "hybrid"))
+    assert tl["f1"] > tb["f1"] > th["f1"] and ul["f1"] < uh["f1"] < ub["f1"]
+    page = (REPO_ROOT / "docs" / "results" / "locomo_cv.md").read_text()
+    assert f"F1 {tl['f1']:.3f}, against {tb['f1']:.3f} over BM25\n  and {th['f1']:.3f} over the hybrid" in page
+    assert f"(+{tl['f1'] - tb['f1']:.3f} and +{tl['f1'] - th['f1']:.3f})" in page
+    assert f"scores {min(ul['f1'], uh['f1'], ub['f1']):.3f} to\n  {max(ul['f1'], uh['f1'], ub['f1']):.3f}" in page
+    ratios = [rows[f"tuned reader, {n}"]["f1"] / rows[f"untuned reader, {n}"]["f1"] for n in ("localized", "bm25", "hybrid")]
+    assert f"gets {min(ratios):.1f} to {max(ratios):.1f} times its F1" in page
+    assert f"(answer-token recall {tl['answer_token_recall']:.3f}" in page and tl["questions"] == 584
