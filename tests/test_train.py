@@ -354,6 +354,8 @@ def test_every_experiment_config_composes_and_instantiates(tmp_path, smoke_data)
             extra += ["trainer.accelerator=cpu", "trainer.precision=32"]
             if c["trainer"]["strategy"] not in ("auto", "ddp"):
                 extra.append("trainer=cpu")  # FSDP / ZeRO-3 strategies need GPUs
+        if c["task"].get("locomo_f1"):  # the smoke reader rows are BranchMemEval's (LoCoMo's reader: test_locomo_cv)
+            extra.append("task.locomo_f1=false")
         if extra:
             c = ecfg(name, tmp_path / name, data, *extra)
         check_combination(c)
@@ -499,3 +501,14 @@ def test_fsdp_strategy_wraps_blocks_and_restores_lightnings_loader():
             return 2 * x
 
     assert through_root(M(), "twice", 4) == 8
+
+
+def test_locomo_f1_refuses_reader_rows_that_are_not_locomos(tmp_path, smoke_data):
+    """experiment=reader_smollm2_locomo_cpu scores validation answers with LoCoMo F1 by category: BranchMemEval
+    reader rows (question types, not categories) are refused naming the option, before any model loads."""
+    from arbor_train import roles
+
+    data = reader_smoke(smoke_data, tmp_path / "reader_smoke")
+    c = ecfg("reader_smollm2_locomo_cpu", tmp_path / "r", data, "model=tiny_decoder")
+    with pytest.raises(ConfigError, match=r"option task.locomo_f1=true needs LoCoMo reader rows .* has \["):
+        roles.get("reader").build(c)
