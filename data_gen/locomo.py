@@ -297,7 +297,7 @@ def _run(cfg: DictConfig) -> dict:
     if out.exists() and not overwrite:  # fail before any work
         raise OutputExistsError(f"out_dir={str(out)!r} already exists; pass overwrite=true to replace it")
     budgets = cfg.get("reader_budgets")
-    if budgets is None or isinstance(budgets, (str, int, float)) or not OmegaConf.is_list(budgets):
+    if not OmegaConf.is_list(budgets):
         raise ConfigError(f"option reader_budgets must be a list of read budgets (tokens; [] for none), got {budgets!r}")
     budgets = tuple(dict.fromkeys(parse_int(b, f"reader_budgets[{k}]", minimum=64) for k, b in enumerate(budgets)))
     convs = load_locomo(str(cfg.input))

@@ -393,10 +393,11 @@ def merge(out: Path, folds: list[list[str]], c: dict) -> dict:
         for r in collect([d]) if d.exists() else []:
             # eval.run names a reader bundle's answers "bundle <path>" (eval.run.answer_model_name)
             reader = "tuned" if str(r.get("reader") or "").startswith("bundle ") else "untuned"
+            name = row_name(r)
             # only what the options ask for now: runs an earlier `answers.*` left in the folder are not merged
             if r.get("f1") is not None and int(r["budget"]) == a.get("budget") and reader in a.get("readers", ()) \
-                    and row_name(r) in a.get("rows", ()):
-                answers.setdefault((row_name(r), reader, int(r["budget"])), {})[k] = r
+                    and name in a.get("rows", ()):
+                answers.setdefault((name, reader, int(r["budget"])), {})[k] = r
     facts: dict[str, dict[int, dict]] = {}
     for ex in c["fact_extractors"]:
         for k in range(len(folds)):
@@ -584,13 +585,11 @@ def grouped_bars(ax, series: list[tuple[str, list, str | None]], n_groups: int) 
                hatch=hatch)
 
 
-def save_bars(fig, ax, path: Path, legend_size: int) -> list[Path]:
+def save_bars(plt, fig, ax, path: Path, legend_size: int) -> list[Path]:
     ax.legend(fontsize=legend_size)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    import matplotlib.pyplot as plt
-
     plt.close(fig)
     return [path]
 
@@ -610,7 +609,7 @@ def plot_answers(merged: dict, out: Path, plt) -> list[Path]:
     ax.set_ylabel("LoCoMo F1")
     done = len({k for r in rows for k in r["folds_done"]})
     ax.set_title(f"LoCoMo answers at {rows[0]['budget']:,} tokens, mean of {done} of {len(merged['folds'])} folds")
-    return save_bars(fig, ax, out / "locomo_cv_answers.png", 7)
+    return save_bars(plt, fig, ax, out / "locomo_cv_answers.png", 7)
 
 
 def plot_facts(merged: dict, out: Path, plt) -> list[Path]:
@@ -626,7 +625,7 @@ def plot_facts(merged: dict, out: Path, plt) -> list[Path]:
     ax.set_xticks(range(len(folds)), [f"fold {k}\n({','.join(f)})" for k, f in enumerate(folds)])
     ax.set_ylabel("fact F1 vs observations")
     ax.set_title("LoCoMo fact extraction on held-out conversations")
-    return save_bars(fig, ax, out / "locomo_cv_facts.png", 8)
+    return save_bars(plt, fig, ax, out / "locomo_cv_facts.png", 8)
 
 
 def run(cfg: DictConfig | dict) -> dict:

@@ -105,3 +105,19 @@ def locomo_two(tmp_path):
             f"input={tmp_path / 'in'}", f"out_dir={tmp_path / 'sup'}", "progress=false", "runtime/components=minilm",
             "runtime.reranker.kind=heuristic", "runtime/read_policy=cross_session"]))
     return tmp_path / "in", tmp_path / "sup"
+
+
+@pytest.fixture
+def branchmem_needs_here(tmp_path, monkeypatch, smoke_data):
+    """Work in tmp_path, with the BranchMemEval sets a table config needs linked to the smoke set, so that a
+    table's check of its inputs reads no repository output: call it with the loaded table (eval.tables.load)."""
+    from pathlib import Path
+
+    def link(table: dict) -> None:
+        monkeypatch.chdir(tmp_path)
+        for n in table["needs"]:
+            if "branchmem" in n["path"]:
+                Path(n["path"]).parent.mkdir(parents=True, exist_ok=True)
+                Path(n["path"]).symlink_to(smoke_data)
+
+    return link

@@ -237,7 +237,7 @@ def test_a_facts_only_teacher_labels_locomo_interactions_inside_the_schema_and_i
 
 @pytest.mark.slow
 @pytest.mark.skipif(not LOCOMO.exists(), reason="../shared/data/locomo is not beside the repository")
-def test_the_distill_locomo_table_runs_at_smoke_size(tmp_path, scripted, smoke_data, locomo_two, monkeypatch):
+def test_the_distill_locomo_table_runs_at_smoke_size(tmp_path, scripted, smoke_data, locomo_two, branchmem_needs_here):
     """conf/table/distill_locomo.yaml on two LoCoMo conversations (2 folds, fold 0): the scripted teacher labels
     the facts, and the teacher's rows, the distilled and the gold-trained adapters (2 steps) and the heuristic
     are scored on the held-out conversation's first interactions."""
@@ -248,13 +248,7 @@ def test_the_distill_locomo_table_runs_at_smoke_size(tmp_path, scripted, smoke_d
                     "runtime.extractors.facts.constrained=true", f"out_dir={tmp_path / 'dist'}",
                     f"runtime.teacher_llm.base_url=http://127.0.0.1:{scripted.server_port}/v1"))
     t = load("distill_locomo")
-    # the BranchMemEval sets the table needs (the adapters' own data, set to the smoke set below), met in a
-    # working folder of this test, so that the check reads no repository output
-    monkeypatch.chdir(tmp_path)
-    for n in t["needs"]:
-        if "branchmem" in n["path"]:
-            Path(n["path"]).parent.mkdir(parents=True, exist_ok=True)
-            Path(n["path"]).symlink_to(smoke_data)
+    branchmem_needs_here(t)  # (the adapters' own data is set to the smoke set below)
     tiny = ("extractor.overrides=['trainer.max_steps=2','data.max_train_examples=8','data.max_val_examples=4',"
             f"'task.gen_examples=2','task.compare_baselines=false','logger=csv','data.train_dir={smoke_data}',"
             f"'data.val_dir={smoke_data}']")

@@ -464,7 +464,7 @@ def test_the_cross_validation_runs_end_to_end_at_smoke_size(tmp_path, smoke_data
 
 
 @pytest.mark.slow
-def test_the_locomo_answers_table_runs_at_smoke_size(tmp_path, smoke_data, locomo_two, monkeypatch):
+def test_the_locomo_answers_table_runs_at_smoke_size(tmp_path, smoke_data, locomo_two, branchmem_needs_here):
     """conf/table/locomo_answers.yaml on two LoCoMo conversations (2 folds, fold 0): a 2-step router and a 2-step
     reader trained without the held-out conversation, its first questions read by every answered row and
     answered by that reader and by the untuned model; the reader is then refused on its own conversation."""
@@ -473,11 +473,7 @@ def test_the_locomo_answers_table_runs_at_smoke_size(tmp_path, smoke_data, locom
     from eval.tables import load, run_table
 
     t = load("locomo_answers")
-    monkeypatch.chdir(tmp_path)  # the BranchMemEval sets the table needs, met here by the smoke set
-    for n in t["needs"]:
-        if "branchmem" in n["path"]:
-            Path(n["path"]).parent.mkdir(parents=True, exist_ok=True)
-            Path(n["path"]).symlink_to(smoke_data)
+    branchmem_needs_here(t)
     router = ("router.overrides=['trainer.max_steps=2','data.max_train_examples=16','data.max_val_examples=8',"
               f"'task.compare_baselines=false','logger=csv','data.train_dir={smoke_data}','data.val_dir={smoke_data}',"
               f"'data.mix.0.dir={smoke_data}']")
