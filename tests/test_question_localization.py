@@ -39,6 +39,34 @@ def test_a_question_recalls_wider_than_a_turn_and_the_fact_channel_leads_to_its_
     assert len(mem._recall(q, mem.embed(q), latest)) == 2
 
 
+def test_recall_records_each_ranked_channel_place_whichever_candidates_are_kept():
+    from arbor_train.runtime import default_config
+    from arbor_train.runtime.rerank import EXTRA_PAIR_FEATURES, feature_names, pair_features
+    from arbor_train.runtime.schema import RANKED_CHANNELS
+
+    mem, ids = _memory(default_config())  # every channel hit is kept (max_candidates), so the places run 1, 2, ...
+    mem.cfg["context"]["question_recall"] = {"k_semantic": 8, "k_keyword": 8, "k_fact": 4, "max_candidates": 48}
+    q = "What is Alice's budget for the Lisbon trip?"
+    cands = mem._recall(q, mem.embed(q), mem.store.latest_node("c"), for_question=True)
+    for ch in RANKED_CHANNELS:  # a channel's hits carry 1, 2, ... in the order of the channel's own scores
+        hits = sorted((c for c in cands if f"{ch}_rank" in c.channels), key=lambda c: c.channels[f"{ch}_rank"])
+        assert hits, ch
+        assert [c.channels[f"{ch}_rank"] for c in hits] == [float(i + 1) for i in range(len(hits))]
+        assert [c.channels[ch] for c in hits] == sorted((c.channels[ch] for c in hits), reverse=True)
+    kw = [nid for nid, _ in mem.store.keyword_search("c", q, 8)]
+    assert [c.node_id for c in sorted((c for c in cands if "keyword_rank" in c.channels),
+                                      key=lambda c: c.channels["keyword_rank"])] == kw
+    # the `ranks` pair features read those places: the same for a candidate scored alone or among the others
+    names, extra = feature_names(["ranks"]), EXTRA_PAIR_FEATURES["ranks"]
+    best = next(c for c in cands if c.node_id == kw[0])
+    alone = dict(zip(names, pair_features(q, [best], ["ranks"])[0][0]))
+    among = dict(zip(names, pair_features(q, cands, ["ranks"])[0][cands.index(best)]))
+    assert alone["keyword_rr"] == 1.0 and [alone[k] for k in extra] == [among[k] for k in extra]
+    unranked = next((c for c in cands if "semantic_rank" not in c.channels), None)
+    if unranked is not None:  # a candidate the channel did not find reads 0 for it
+        assert dict(zip(names, pair_features(q, [unranked], ["ranks"])[0][0]))["semantic_rr"] == 0.0
+
+
 def test_a_question_document_is_the_state_own_turn_and_date_when_the_config_or_bundle_says_so():
     from arbor_train.runtime import default_config
 

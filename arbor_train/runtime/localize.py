@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .schema import Alternative, Candidate, Localization, Node
+from .schema import RANKED_CHANNELS, Alternative, Candidate, Localization, Node
 from .text import entities as find_entities
 from .text import find_cue, match_cue, minutes_between
 
@@ -120,7 +120,10 @@ class Localizer:
 
         def add(channel: str, hits: list[tuple[int, float]]) -> None:
             for rank, (nid, s) in enumerate(hits):
-                ranks.setdefault(nid, {})[channel] = round(float(s), 4)
+                ch = ranks.setdefault(nid, {})
+                ch[channel] = round(float(s), 4)
+                if channel in RANKED_CHANNELS:  # its place in the channel's own list (the pair features' `ranks`)
+                    ch[f"{channel}_rank"] = float(rank + 1)
                 fused[nid] = fused.get(nid, 0.0) + 1.0 / (rc["rrf_k"] + rank + 1)
 
         add("semantic", self.index.search(q_emb, rc["k_semantic"]))

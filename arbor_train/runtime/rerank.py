@@ -25,7 +25,7 @@ from typing import Protocol
 import numpy as np
 
 from ..prompts import rerank_messages
-from .schema import Candidate
+from .schema import RANKED_CHANNELS, Candidate
 from .text import entities as find_entities
 from .text import stems
 
@@ -117,7 +117,11 @@ PAIR_FEATURES = (["group"] + [f"back<={b}" for b in BACK_BINS] + [f"back>{BACK_B
 # features it was trained on and the runtime computes those, so a head without extras reads as before.
 #   overlap: content words (stemmed) the input's message shares with the candidate's own message, each with
 #     its leading "nick:" dropped (the heuristic's `lexical` reads the whole branch description instead)
-EXTRA_PAIR_FEATURES = {"overlap": ["overlap>=1", "overlap>=2", "overlap>=3", "overlap_share"]}
+#   ranks: each ranked recall channel's (RANKED_CHANNELS) reciprocal rank of the candidate, 1 / its place in that
+#     channel's list (0 when the channel did not find it): a question's evidence is often the keyword
+#     channel's best hit, which the presence flag `keyword` cannot tell from its 48th
+EXTRA_PAIR_FEATURES = {"overlap": ["overlap>=1", "overlap>=2", "overlap>=3", "overlap_share"],
+                       "ranks": [f"{c}_rr" for c in RANKED_CHANNELS]}
 # A head with `logit_inputs` also reads each candidate's encoder logit and its gap to the best candidate's
 # (both / LOGIT_SCALE), so how much the text score counts can depend on distance, speaker and the rest.
 LOGIT_INPUTS = ["encoder_logit", "gap_to_best"]
@@ -168,6 +172,8 @@ def _extra_features(group: str, query_stems: set[str], c: Candidate) -> list[flo
     if group == "overlap":
         n = len(query_stems & _message_stems(c.node_summary))
         return [float(n >= 1), float(n >= 2), float(n >= 3), n / len(query_stems) if query_stems else 0.0]
+    if group == "ranks":
+        return [1.0 / r if (r := c.channels.get(f"{ch}_rank", 0.0)) >= 1 else 0.0 for ch in RANKED_CHANNELS]
     raise ValueError(f"unknown pair feature group {group!r}")
 
 

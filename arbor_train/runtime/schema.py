@@ -120,6 +120,12 @@ class Event:
     root_id: int
 
 
+# Recall channels whose candidates also carry their place in the channel's own list (channels["keyword_rank"]:
+# 1 = the channel's best hit), so that a reranker can read a channel's ranking, not only whether it found the
+# candidate. The rank is the channel's over everything it searched, the same whichever candidates are scored.
+RANKED_CHANNELS = ("semantic", "keyword", "fact")
+
+
 @dataclass
 class Candidate:
     """A candidate parent state as the reranker sees it."""
