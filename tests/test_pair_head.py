@@ -192,3 +192,35 @@ def test_refit_with_a_held_out_share_keeps_the_best_epoch_and_exports_extras(tmp
         train(tcfg(tmp_path / "bad", smoke_data, "task.pair_features=true", "task.pair_extra=[nope]"))
     with pytest.raises(ConfigError, match="set task.pair_features=true"):
         train(tcfg(tmp_path / "bad2", smoke_data, "task.pair_logit_input=true"))
+
+
+def test_refit_on_questions_keeps_the_held_out_sessions_out_and_gives_a_question_no_new_root(tmp_path, smoke_data):
+    from arbor_train import data as D
+    from arbor_train.errors import ConfigError
+    from arbor_train.roles.reranker import refit_rows
+    from arbor_train.train import train
+    from tests.test_train import tcfg
+
+    loc = list(D.load_sets(smoke_data, ["localization"])["localization"])
+    sessions = sorted({str(r["session_id"]) for r in loc})
+    held = sessions[: len(sessions) // 2]
+    answerable = [r for r in loc if any(x["turn"] in D.gold_turns(r, "localization") for x in r["candidates"])]
+    mix = f"data.mix=[{{dir: {smoke_data}, sets: [localization], exclude_sessions: [{','.join(held)}]}}]"
+    c = tcfg(tmp_path / "rows", smoke_data, "task.pair_features=true", "task.question_document=text", mix,
+             "task.sets=[routing]", "task.pair_refit.sets=[localization]")
+    rows = refit_rows(c)
+    # the main set holds no localization among its task.sets: only the mix source's questions, its held-out
+    # sessions left out as in training, each with every evidence state a gold and read as a question
+    assert len(rows) == sum(str(r["session_id"]) not in held for r in answerable) > 0
+    assert all(q and not root and pos for _, _, pos, root, q in rows)
+    c["task"]["pair_refit"]["sets"] = ["routing", "localization"]
+    both = refit_rows(c)
+    assert len(both) > len(rows) and sum(not q for *_, q in both) == len(both) - len(rows)
+    res = train(tcfg(tmp_path / "run", smoke_data, "task.pair_features=true", "task.pair_hidden=4", "task.pair_extra=[ranks]",
+                     "task.question_document=text", mix, "task.sets=[routing]", "task.pair_refit.enabled=true",
+                     "task.pair_refit.sets=[localization]", "task.pair_refit.epochs=30", "task.pair_refit.lr=0.01"))
+    r = res["pair_refit"]
+    assert r["rows"] == len(rows) and r["loss"] < r["loss_before"]
+    with pytest.raises(ConfigError, match="option task.pair_refit.sets"):
+        train(tcfg(tmp_path / "bad", smoke_data, "task.pair_features=true", "task.pair_refit.enabled=true",
+                   "task.pair_refit.sets=[turns]"))

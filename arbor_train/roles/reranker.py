@@ -123,26 +123,42 @@ class PairHead(torch.nn.Module):
         return out
 
 
-def refit_rows(c: dict) -> list[tuple[str, list[dict], list[int], bool]]:
-    """Routing rows with every recalled candidate, for the pair head's refit (`task.pair_refit`): each
-    data.mix source's routing rows and the main training set's, shuffled (seeded) and capped per source
-    (`max_rows`). Each is (input, candidates, indices of the gold candidates, whether it starts a new root);
-    any state of the gold trajectory counts as gold, as in training."""
+REFIT_SETS = ("routing", "localization")
+
+
+def refit_rows(c: dict) -> list[tuple[str, list[dict], list[int], bool, bool]]:
+    """Rows with every recalled candidate, for the pair head's refit (`task.pair_refit`): the main training
+    set's rows and each data.mix source's, of the sets `pair_refit.sets` names that the source holds
+    (routing: turns; localization: questions asked of the memory, every evidence state a gold), each source
+    limited to its sessions as in training (a held-out fold stays out), shuffled (seeded) and capped per
+    source and set (`max_rows`). Each is (input, candidates, indices of the gold candidates, whether it
+    starts a new root, whether it is a question read with question documents); any state of the gold
+    trajectory counts as gold, as in training."""
     import random
 
-    r, out = c["task"]["pair_refit"], []
-    dirs = [c["data"]["train_dir"]] + [src["dir"] for src in c["data"].get("mix") or [] if "routing" in src["sets"]]
-    for k, d in enumerate(dirs):
-        rows = list(D.load_sets(d, ["routing"])["routing"])
-        random.Random(c["seed"] + 100 + k).shuffle(rows)
-        kept = []
-        for row in rows:
-            gold = D.gold_turns(row, "routing")
-            pos = [i for i, x in enumerate(row["candidates"]) if x["turn"] in gold]
-            root = row["gold_parent"] < 0
-            if row["candidates"] and (pos or root):  # no candidate: nothing to rank
-                kept.append((row["input"], list(row["candidates"]), pos, root))
-        out += cap(kept, r["max_rows"])
+    r, t, out = c["task"]["pair_refit"], c["task"], []
+    sets = list(r.get("sets") or ["routing"])
+    if isinstance(r.get("sets"), str) or any(s not in REFIT_SETS for s in sets):
+        raise ConfigError(f"option task.pair_refit.sets must be a list of {', '.join(REFIT_SETS)}, got {r.get('sets')!r}")
+    as_question = group_options(t)["question_document"] == "text"
+    sources = [(c["data"]["train_dir"], list(t["sets"]), None, None, "data.train_dir")]
+    sources += [(src["dir"], list(src["sets"]), src.get("sessions"), src.get("exclude_sessions"), f"data.mix[{k}]")
+                for k, src in enumerate(c["data"].get("mix") or [])]
+    k = 0
+    for d, have, sessions, exclude, option in sources:
+        for name in [s for s in sets if s in have or (option == "data.train_dir" and s == "routing")]:
+            rows = D.of_sessions(D.load_sets(d, [name])[name], sessions, exclude, option)
+            random.Random(c["seed"] + 100 + k).shuffle(rows)
+            k += 1
+            kept = []
+            for row in rows:
+                gold = D.gold_turns(row, name)
+                pos = [i for i, x in enumerate(row["candidates"]) if x["turn"] in gold]
+                root = name == "routing" and row["gold_parent"] < 0
+                if row["candidates"] and (pos or root):  # no candidate: nothing to rank
+                    kept.append((row["input"], list(row["candidates"]), pos, root,
+                                 name == "localization" and as_question))
+            out += cap(kept, r["max_rows"])
     return out
 
 
@@ -167,7 +183,8 @@ def refit_pair_head(module: "RerankerModule", tokenizer, c: dict) -> dict[str, A
     r, t = c["task"]["pair_refit"], c["task"]
     rows = refit_rows(c)
     if not rows:
-        raise ConfigError("option task.pair_refit: no routing rows with a gold candidate to refit the pair head on")
+        raise ConfigError(f"option task.pair_refit: no {' or '.join(r.get('sets') or ['routing'])} rows with a gold "
+                          "candidate to refit the pair head on")
     model, dev = module.model.eval(), module.device
     head, root_logit = module.pair_head, module.new_root_logit
     n, nf = max(len(x[1]) for x in rows), len(head.features)
@@ -177,8 +194,9 @@ def refit_pair_head(module: "RerankerModule", tokenizer, c: dict) -> dict[str, A
     L_ = torch.zeros(len(rows), n, len(LOGIT_INPUTS)) if head.logit_input else None  # padding stays 0
     extra = list(t.get("pair_extra") or [])
     with torch.no_grad():  # one row at a time, tokenized as at run time (one input against its candidates)
-        for i, (q, rows_c, pos, root) in enumerate(tqdm(rows, desc="pair head refit: encoder logits", unit="row")):
-            cands = [D.candidate_of(x) for x in rows_c]
+        for i, (q, rows_c, pos, root, question) in enumerate(tqdm(rows, desc="pair head refit: encoder logits",
+                                                                   unit="row")):
+            cands = [D.candidate_of(x, question) for x in rows_c]
             enc = encode_pairs(tokenizer, [q] * len(cands), [x.document() for x in cands],
                                t["max_length"], padding=True, return_tensors="pt")
             enc_l[i, : len(cands)] = model(**{k: v.to(dev) for k, v in enc.items()}).logits[:, 0].float().cpu()
@@ -187,7 +205,7 @@ def refit_pair_head(module: "RerankerModule", tokenizer, c: dict) -> dict[str, A
             f, qf = pair_features(q, cands, extra)
             feats[i, : len(cands)] = f
             qs.append(qf)
-            mask[i, : len(cands)], mask[i, n] = True, True
+            mask[i, : len(cands)], mask[i, n] = True, not question  # a question has no new-root option
             ys[i, pos] = 1.0
             ys[i, n] = float(root)
             pairs += len(cands)
