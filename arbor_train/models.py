@@ -59,6 +59,21 @@ def build_encoder(mcfg: dict, num_labels: int, multilabel: bool = False, seed: i
     return model, tok
 
 
+def build_token_encoder(mcfg: dict, num_labels: int, seed: int = 0):
+    """(model, tokenizer): an encoder with a token-classification head of num_labels outputs (the span
+    extractor, arbor_train/runtime/spans.py)."""
+    from transformers import AutoModelForTokenClassification, BertConfig, BertForTokenClassification
+
+    tok = build_tokenizer(mcfg)
+    torch.manual_seed(seed)
+    if mcfg.get("tiny"):
+        model = BertForTokenClassification(BertConfig(vocab_size=len(tok), num_labels=num_labels, **mcfg["tiny"]))
+    else:
+        model = AutoModelForTokenClassification.from_pretrained(resolve(mcfg["ref"]), dtype=_dtype(mcfg["dtype"]),
+                                                                num_labels=num_labels)
+    return model, tok
+
+
 def build_decoder(mcfg: dict, seed: int = 0):
     """(model, tokenizer): a causal LM."""
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM

@@ -71,6 +71,7 @@ READER_TEMPLATE = TemplateInfo("arbormem_answer", PROMPT_VERSION)
 KNOWN_TEMPLATES = {t.name: t.version for t in (RERANK_TEMPLATE, EXTRACT_TEMPLATE, TAG_TEMPLATE, READER_TEMPLATE)}
 KNOWN_TEMPLATES["cross_encoder_pair"] = PROMPT_VERSION
 KNOWN_TEMPLATES["encoder_multilabel"] = PROMPT_VERSION
+KNOWN_TEMPLATES["encoder_spans"] = PROMPT_VERSION  # the span extractor reads the turn as text pairs, no prompt
 
 
 def rerank_messages(query: str, document: str, instruction: str = RERANK_INSTRUCTION) -> list[dict]:

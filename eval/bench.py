@@ -3,7 +3,7 @@
     python -m eval.bench target=runtime                       # ingest s/turn, query p50/p95, forget ms at 1k and 10k nodes
     python -m eval.bench target=runtime bench.sizes=[1000]    # quicker
     python -m eval.bench target=train                         # extractor SFT step: ours vs HF Trainer + PEFT
-    python -m eval.bench target=extract           # both extractor layouts under each decoding lever: cost and quality
+    python -m eval.bench target=extract           # every extractor layout under each lever: cost and quality
 """
 
 from __future__ import annotations
@@ -420,8 +420,10 @@ def bench_extract(cfg: DictConfig) -> dict:
         bundle_layout = manifest.get("layout", "kind")
         kinds = [k for k in KINDS if k in (manifest.get("kinds") or KINDS)]
         opts = dict(opts or {})
+        if bundle_layout == "spans" and (opts.get("constrained") or opts.get("prefix_cache")):
+            continue  # decoding levers: a span tagger generates nothing
         threads = int(opts.pop("threads", b["threads"]))
-        spec = {"kind": "bundle", "path": str(path), "max_new_tokens": int(b["max_new_tokens"][bundle_layout]),
+        spec = {"kind": "bundle", "path": str(path), "max_new_tokens": int(b["max_new_tokens"].get(bundle_layout, 0)),
                 "dtype": "fp32", "batch_size": int(b["batch_size"]), **opts}
         check_extractor_heldout({"extractors": {"facts": spec}}, [c.conversation_id for c in convs])
         torch.set_num_threads(threads)

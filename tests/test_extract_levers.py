@@ -23,7 +23,7 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def tiny_bundles(tmp_path_factory, smoke_data):
-    """2-step tiny-decoder extractors in both layouts, exported."""
+    """2-step tiny extractors in the three layouts (two tiny decoders, one tiny span encoder), exported."""
     from test_train import tcfg
 
     from arbor_train.export import export
@@ -35,6 +35,9 @@ def tiny_bundles(tmp_path_factory, smoke_data):
         res = train(tcfg(root / f"run_{layout}", smoke_data, "model=tiny_decoder", f"task={task}", "trainer.max_steps=2",
                          "task.gen_examples=0", "data.max_val_examples=8"))
         out[layout] = export(res["run_dir"], root / layout, log_artifact=False)
+    res = train(tcfg(root / "run_spans", smoke_data, "model=tiny_encoder", "task=extractor_spans", "trainer.max_steps=2",
+                     "data.max_val_examples=8"))
+    out["spans"] = export(res["run_dir"], root / "spans", log_artifact=False)
     return out
 
 
@@ -120,30 +123,35 @@ def test_a_bad_lever_is_refused_naming_the_option(tiny_bundles, option, value, m
         build_extractor({"kind": "bundle", "path": str(tiny_bundles["kind"]), option: value}, {})
 
 
-def test_the_extract_bench_table_runs_both_layouts_under_every_lever_at_smoke_size(tiny_bundles, smoke_data, tmp_path):
-    """`python -m eval.compare table=bench_extract` at its smoke size on two tiny extractors (one per layout,
+def test_the_extract_bench_table_runs_every_layout_under_every_lever_at_smoke_size(tiny_bundles, smoke_data, tmp_path):
+    """`python -m eval.compare table=bench_extract` at its smoke size on three tiny extractors (one per layout,
     meeting the table's bundle needs through the options they name): the published rows, a row per layout
-    and lever after the heuristic's, each with cost and quality, and the published folder left alone."""
+    and lever after the heuristic's (the span tagger without the decoding levers, as it generates nothing),
+    each with cost and quality, and the published folder left alone."""
     from eval.tables import GENERATED, load, run_table
 
     t = load("bench_extract")
     published = GENERATED / "bench_extract" / "table.md"
     before = published.read_text() if published.exists() else None
     meet = {"bench_extract.branchmem_dir": smoke_data, "bench_extract.layouts.kind-conditioned": tiny_bundles["kind"],
-            "bench_extract.layouts.one-pass": tiny_bundles["one_pass"]}
+            "bench_extract.layouts.one-pass": tiny_bundles["one_pass"], "bench_extract.layouts.spans": tiny_bundles["spans"]}
     assert sorted(n["option"] for n in t["needs"]) == sorted(meet)
     res = run_table("bench_extract", [*t["smoke"], *[f"{k}={v}" for k, v in meet.items()]], tmp_path / "table")
     rows = {r["row"]: r for r in res["rows"]}
     from arbor_train.runtime.config import compose
 
-    levers = list(compose("bench", ["target=extract"]).bench_extract.levers)
-    assert list(rows) == ["heuristic", *[f"{lay}, {lev}" for lay in ("kind-conditioned", "one-pass") for lev in levers]]
+    levers = compose("bench", ["target=extract"]).bench_extract.levers
+    decoding = {lev for lev, o in levers.items() if (o or {}).get("constrained") or (o or {}).get("prefix_cache")}
+    assert decoding == {"JSON-constrained", "prefix KV"}
+    assert list(rows) == ["heuristic", *[f"{lay}, {lev}" for lay in ("kind-conditioned", "one-pass", "spans")
+                                         for lev in levers if not (lay == "spans" and lev in decoding)]]
     for key, r in rows.items():
         assert all(s > 0 for s in [*r["branchmem_batched_s / branchmem_online_s"],
                                    *r["locomo_batched_s / locomo_online_s"]]), key
         assert isinstance(r["locomo_fact_f1"], float) and isinstance(r["rouge_l"], float), key
-        assert (r["json_validity"] is None) == (key == "heuristic"), key
-        assert (r["gen_tokens_per_turn"] is None) == (key == "heuristic"), key
+        generates = key != "heuristic" and not key.startswith("spans")
+        assert (r["json_validity"] is not None) == generates, key
+        assert (r["gen_tokens_per_turn"] is not None) == generates, key
     assert rows["one-pass, 1 thread"]["threads"] == 1 and rows["one-pass, fp32"]["threads"] == 2
     if before is not None:
         assert [line.split("|")[1].strip() for line in before.splitlines()[2:]] == list(rows)
@@ -177,3 +185,10 @@ def test_the_extract_bench_refuses_a_missing_bundle_naming_the_option(tiny_bundl
                             f"bench_extract.layouts.one-pass={tmp_path}/none"])
     with pytest.raises(MissingInputError, match="bench_extract.layouts.one-pass"):
         check_options(cfg)
+
+
+def test_a_decoding_lever_on_a_span_tagger_is_refused_naming_the_option(tiny_bundles):
+    with pytest.raises(ConfigError, match="prefix_cache shape a generation.*span tagger"):
+        build_extractor({"kind": "bundle", "path": str(tiny_bundles["spans"]), "prefix_cache": True}, {})
+    ex = build_extractor({"kind": "bundle", "path": str(tiny_bundles["spans"]), "quantize": "int8"}, {})
+    assert len(ex.run("facts", TURNS)) == 2  # int8 is a lever of any model

@@ -28,7 +28,7 @@ def leaves(d: dict, prefix: str = ""):
 
 def test_the_shipped_choices():
     assert options("components") == ["heuristic", "minilm", "prompted_smollm2", "tuned", "tuned_all",
-                                      "tuned_every_kind", "tuned_one_pass", "untuned_smollm2"]
+                                      "tuned_every_kind", "tuned_one_pass", "tuned_spans", "untuned_smollm2"]
     assert options("read_policy") == ["cross_session", "cross_session_v1", "default"]
     assert options("domain") == ["assistant", "group_chat", "group_chat_wide"]
 

@@ -1,8 +1,10 @@
-"""Memory-commit extractor role: causal-LM SFT on the extraction supervision.
+"""Memory-commit extractor role: causal-LM SFT on the extraction supervision, or a span-tagging encoder.
 
-Prompts are the runtime's own, in one of two layouts (`task.layout`): `kind`, one prompt and one
+Prompts are the runtime's own, in one of two generation layouts (`task.layout`): `kind`, one prompt and one
 generation per extraction kind (`arbor_train.prompts.extract_messages`), or `one_pass`, one prompt naming
-every kind a row supervises, answered as one JSON object (`extract_all_messages`). Completions are the
+every kind a row supervises, answered as one JSON object (`extract_all_messages`). The third layout,
+`spans`, trains an encoder to tag every kind's spans in one forward pass (arbor_train/runtime/spans.py):
+token classification, one cross-entropy per channel, channels a row does not supervise ignored. Completions are the
 strict JSON the runtime validates; the loss covers completion tokens only (masks are built with the
 examples, arbor_train/packing.py) and examples are packed without attention across them. Validation reports
 the held-out completion loss, and generates greedily for a fixed held-out sample: JSON validity and each
@@ -20,7 +22,7 @@ import torch
 
 from .. import data as D
 from ..errors import ConfigError
-from ..models import add_lora, build_decoder
+from ..models import add_lora, build_decoder, build_token_encoder
 from ..packing import (
     PACKED_ATTENTION,
     build_sft_example,
@@ -32,7 +34,7 @@ from ..packing import (
     real_tokens,
     use_packed_attention,
 )
-from ..prompts import EXTRACT_TEMPLATE, extract_all_messages, extract_all_target, extract_messages, extract_target
+from ..prompts import PROMPT_VERSION, EXTRACT_TEMPLATE, extract_all_messages, extract_all_target, extract_messages, extract_target
 from ..wrap import through_root
 from .common import Built, Role, RoleModule, load_rows, loaders
 
@@ -48,7 +50,8 @@ def row_target(r: dict, kind: str):
     return json.loads(r["target"]).get(kind)
 
 
-LAYOUTS = ("kind", "one_pass")
+LAYOUTS = ("kind", "one_pass", "spans")
+SPANS = "spans"
 ONE_PASS = "one_pass"  # the `kind` of a one-pass generation example (its target maps kinds to targets)
 
 
@@ -275,47 +278,175 @@ class ExtractorModule(RoleModule):
         return m
 
 
+def row_targets(r: dict, kinds: list[str]) -> dict[str, Any]:
+    """The kinds a row supervises, with their targets."""
+    return {k: t for k in kinds if (t := row_target(r, k)) is not None}
+
+
+def span_examples(rows: list[dict], tok, codec, kinds: list[str], max_length: int) -> list[dict]:
+    """One token-classification example per row: ids, and per token and channel the local label (spans.py);
+    each keeps its row's index (validation decodes it against the row's targets)."""
+    from ..runtime.spans import KIND_CHANNELS, encode, gold_spans
+
+    keys = set(codec.vocab["state_keys"])
+    verbs = {w: a for w, (a, _) in codec.vocab["actions"].items()}
+    out = []
+    for i, r in enumerate(rows):
+        targets = row_targets(r, kinds)
+        if not targets:
+            continue
+        pair = (r["input"] or "", r.get("assistant") or "")
+        enc = encode(tok, [pair], max_length)
+        offs = [tuple(x) for x in enc["offset_mapping"][0].tolist()]
+        seq = enc.sequence_ids(0)
+        spans = gold_spans(pair[0], pair[1], targets, keys, verbs)
+        labels = codec.token_labels(offs, seq, spans, {ch for k in targets for ch in KIND_CHANNELS[k]})
+        ex = {k: v[0] for k, v in enc.items() if k != "offset_mapping"}
+        out.append({**ex, "labels": torch.tensor(labels), "row": i, "offsets": offs, "seq_ids": seq})
+    return out
+
+
+def collate_spans(batch: list[dict], pad: int) -> dict:
+    n = max(len(b["input_ids"]) for b in batch)
+
+    def padded(key: str, fill) -> torch.Tensor:
+        x = [b[key] for b in batch]
+        return torch.stack([torch.cat([v, torch.full((n - len(v), *v.shape[1:]), fill, dtype=v.dtype)]) for v in x])
+
+    out = {"input_ids": padded("input_ids", pad), "attention_mask": padded("attention_mask", 0),
+           "labels": padded("labels", -100), "rows": [b["row"] for b in batch],
+           "offsets": [b["offsets"] for b in batch], "seq_ids": [b["seq_ids"] for b in batch]}
+    if "token_type_ids" in batch[0]:
+        out["token_type_ids"] = padded("token_type_ids", 0)
+    return out
+
+
+class SpanModule(RoleModule):
+    """Token classification with one cross-entropy per channel (the mean over channels of the tokens a row
+    supervises; `task.o_weight` weighs the `O` tag, which most tokens of every channel carry). Validation decodes every held-out row into the runtime's items, through its per-kind
+    validation, and scores each kind with the shared metrics (scoring/training.py extraction_metrics)."""
+
+    def __init__(self, model, cfg: dict, codec, val_rows: list[dict], kinds: list[str]):
+        super().__init__(model, cfg)
+        self.codec, self.val_rows, self.kinds = codec, val_rows, kinds
+        self._val: list[tuple[int, dict]] = []
+
+    def _logits(self, batch: dict) -> torch.Tensor:
+        kw = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
+        return self.model(**kw).logits.float()
+
+    def step_loss(self, batch: dict) -> tuple[torch.Tensor, int, torch.Tensor]:
+        logits = self._logits(batch)
+        losses = []
+        o_weight = float(self.cfg["task"].get("o_weight", 1.0))
+        for c, (off, tags) in enumerate(self.codec.channels.values()):
+            y = batch["labels"][..., c].reshape(-1)
+            if (y != -100).any():
+                w = torch.ones(len(tags), device=logits.device)
+                w[0] = o_weight  # `O`: most tokens of every channel
+                losses.append(torch.nn.functional.cross_entropy(logits[..., off: off + len(tags)].reshape(-1, len(tags)),
+                                                                y, weight=w, ignore_index=-100))
+        loss = torch.stack(losses).mean() if losses else logits.sum() * 0
+        return loss, len(batch["rows"]), logits
+
+    def collect_validation(self, batch: dict, logits: torch.Tensor) -> None:
+        local = torch.stack([logits[..., off: off + len(tags)].argmax(-1) for off, tags in self.codec.channels.values()], -1)
+        for i, row in enumerate(batch["rows"]):
+            r = self.val_rows[row]
+            spans = self.codec.spans_of(local[i].tolist(), batch["offsets"][i], batch["seq_ids"][i])
+            self._val.append((row, self.codec.decode(spans, (r["input"] or "", r.get("assistant") or ""), r.get("timestamp"))))
+
+    def epoch_metrics(self) -> dict[str, Any]:
+        from ..runtime.validate import ValidationReport, validate_kind
+        from ..scoring.training import extraction_metrics
+
+        if not self._val:
+            return {}
+        m: dict[str, Any] = {"decoded": len(self._val)}
+        by_kind: dict[str, tuple[list, list]] = {}
+        for row, out in self._val:
+            for kind, target in row_targets(self.val_rows[row], self.kinds).items():
+                pred = out[kind] if kind == "summary" else validate_kind(out[kind], kind, ValidationReport())
+                by_kind.setdefault(kind, ([], []))
+                by_kind[kind][0].append(pred)
+                by_kind[kind][1].append(target)
+        for kind, (p, t) in by_kind.items():
+            m.update(extraction_metrics(kind, p, t))
+        self._val = []
+        return m
+
+
+def build_spans(c: dict, tr_rows: list[dict], va_rows: list[dict], kinds: list[str], fp: str, extras: dict) -> Built:
+    """The span layout's model, codec and loaders (the vocabulary is learned from the training rows only)."""
+    from ..runtime.spans import SpanCodec, learn_vocab
+
+    t = c["task"]
+    codec = SpanCodec.build(*learn_vocab([row_targets(r, kinds) for r in tr_rows], int(t.get("vocab_min_count", 2))))
+    model, tok = build_token_encoder(c["model"], len(codec.labels), seed=c["seed"])
+    model = add_lora(model, c["peft"], c["model"], "TOKEN_CLS", modules_to_save=list(c["model"]["head_modules"]))
+    tr = span_examples(tr_rows, tok, codec, kinds, t["max_length"])
+    va = span_examples(va_rows, tok, codec, kinds, t["max_length"])
+    module = SpanModule(model, c, codec, va_rows, kinds)
+    pad = tok.pad_token_id
+    train_loader, val_loader = loaders(c, tr, va, lambda b: collate_spans(b, pad))
+    return Built(module, tok, train_loader, val_loader, fp, {"codec": codec, "dropped": 0, **extras})
+
+
 class Extractor(Role):
     name = "extractor"
-    bundle_kinds = {"decoder": "causal_lm"}
+    bundle_kinds = {"decoder": "causal_lm", "encoder": "encoder_spans"}
     report_columns = {"json_validity": "JSON validity", "slot_key_f1": "slot key F1", "slot_value_f1": "slot value F1",
                       "fact_f1": "fact F1", "entity_f1": "entity F1", "rouge_l": "summary ROUGE-L",
                       "event_exact_f1": "event exact F1", "artifact_exact_f1": "artifact exact F1",
                       "loss": "held-out loss", "generated": "held-out generations"}
 
     def check(self, c: dict) -> None:
-        if c["model"]["family"] != "decoder":
-            raise ConfigError(f"task={c['task']['name']} needs a decoder (causal LM) model, got model={c['model']['name']}")
-        if c["task"].get("layout", "kind") not in LAYOUTS:  # before any model is built
-            raise ConfigError(f"option task.layout must be one of {', '.join(LAYOUTS)}, got {c['task']['layout']!r}")
+        layout = c["task"].get("layout", "kind")
+        if layout not in LAYOUTS:  # before any model is built
+            raise ConfigError(f"option task.layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        want = "encoder" if layout == SPANS else "decoder"
+        if c["model"]["family"] != want:
+            raise ConfigError(f"task={c['task']['name']} (layout {layout}) needs an {want} model, got "
+                              f"model={c['model']['name']} (family {c['model']['family']})")
 
     def build(self, c: dict) -> Built:
         t, dc = c["task"], c["data"]
         tr_rows, va_rows = load_rows(c, ["extraction"])
-        model, tok, layout = build_sft_model(c)
         kinds = list(t["kinds"])
         tr_rows = D.select_rows(tr_rows["extraction"], dc.get("max_train_examples"), t.get("nonempty_share"), kinds)
         va_rows = D.select_rows(va_rows["extraction"], dc.get("max_val_examples"), t.get("nonempty_share"), kinds)
         mixed, mixed_sessions, mix_fp = mix_rows(c)
         tr_rows = D.interleave(tr_rows, mixed)  # both sources spread over the epoch's order
+        fp = D.fingerprint(dc["train_dir"], ["extraction"]) + mix_fp
+        extras = {"mixed_rows": len(mixed), "mixed_sessions": mixed_sessions}
+        if t.get("layout", "kind") == SPANS:
+            return build_spans(c, tr_rows, va_rows, kinds, fp, extras)
+        model, tok, layout = build_sft_model(c)
         prompts = t.get("layout", "kind")  # (`layout` here is the packed-attention layout)
         tr, _, dropped = sft_examples(tr_rows, tok, kinds, t["max_length"], t.get("empty_share"), prompts)
         va, gen, _ = sft_examples(va_rows, tok, kinds, t["max_length"], layout=prompts)
         module = ExtractorModule(model, c, tok, spread_kinds(gen, t["gen_examples"]))
         train_loader, val_loader = sft_loaders(c, model, tok, layout, tr, va)
-        return Built(module, tok, train_loader, val_loader, D.fingerprint(dc["train_dir"], ["extraction"]) + mix_fp,
-                     {"dropped": dropped, "mixed_rows": len(mixed), "mixed_sessions": mixed_sessions})
+        return Built(module, tok, train_loader, val_loader, fp, {"dropped": dropped, **extras})
 
     def extras(self, c: dict, built: Built) -> dict[str, Any]:
         # the mixed-in sessions (e.g. LoCoMo conversation ids) the bundle was trained on, so an evaluation
         # can refuse to score it on them (eval.run's held-out check)
-        return {"kinds": list(c["task"]["kinds"]), "layout": c["task"].get("layout", "kind"),
-                "max_new_tokens": int(c["task"]["max_new_tokens"]), "training_sessions": built.extras["mixed_sessions"]}
+        out = {"kinds": list(c["task"]["kinds"]), "layout": c["task"].get("layout", "kind"),
+               "max_new_tokens": int(c["task"]["max_new_tokens"]), "training_sessions": built.extras["mixed_sessions"]}
+        if out["layout"] == SPANS:  # the head's label order and what decoding reads besides the text
+            codec = built.extras["codec"]
+            out.update(labels=list(codec.labels), span_vocab=codec.vocab)
+        return out
 
     def prompt_template(self, kind: str) -> dict:
+        if kind == "encoder_spans":
+            return {"name": "encoder_spans", "version": PROMPT_VERSION}
         return EXTRACT_TEMPLATE.to_json()
 
     def load_base(self, train_cfg: dict, role_json: dict):
+        if role_json.get("layout") == SPANS:
+            return build_token_encoder(train_cfg["model"], len(role_json["labels"]), seed=train_cfg["seed"])[0]
         return build_decoder(train_cfg["model"], seed=train_cfg["seed"])[0]
 
     def plug_overrides(self, bundle: Path | str, task: dict) -> list[str]:

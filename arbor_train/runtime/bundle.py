@@ -14,12 +14,13 @@ manifest.json::
     {
       "format": "arbormem-bundle", "format_version": 1,
       "role": "reranker" | "extractor" | "tagger" | "reader",
-      "kind": "cross_encoder" | "llm_scorer" | "causal_lm" | "encoder_multilabel",
+      "kind": "cross_encoder" | "llm_scorer" | "causal_lm" | "encoder_multilabel" | "encoder_spans",
       "base_model": {"ref": "<model reference, see arbor_train.modelref>", "name": "<display name>"},
       "adapter": "adapter" | null, "merged": "merged" | null, "tokenizer": "tokenizer",
       "prompt_template": {"name": "...", "version": "1"},
       "max_length": 256,
-      "labels": [...]            # tagger only: label order of the classification head
+      "labels": [...]            # tagger and span extractor: label order of the classification head
+      "span_vocab": {...}        # span extractor: slot keys and tags, event verbs (runtime/spans.py)
       "kinds": [...]             # extractor only: which extraction kinds it writes
       "training_sessions": [...] # reader: content fingerprints of its training sessions; extractor and
                                  # reranker: the mixed-in conversation ids (eval.run refuses to score on them)
@@ -43,7 +44,7 @@ FORMAT = "arbormem-bundle"
 FORMAT_VERSION = 1
 ROLE_KINDS = {
     "reranker": {"cross_encoder", "llm_scorer"},
-    "extractor": {"causal_lm"},
+    "extractor": {"causal_lm", "encoder_spans"},
     "tagger": {"encoder_multilabel", "causal_lm"},
     "reader": {"causal_lm"},
 }
@@ -64,6 +65,7 @@ OPTIONAL_FIELDS = {
     "training_sessions": ((list,), "a list of session fingerprints"),
     "pair_head": ((dict,), "an object (the reranker's pair-feature head)"),
     "question_document": ((str,), "state or text (what the reranker reads of a question's candidate)"),
+    "span_vocab": ((dict,), "an object (the span extractor's slot keys, tags and event verbs)"),
 }
 
 
@@ -121,13 +123,15 @@ class Bundle:
                    merge: bool = True):
         """Return (model, tokenizer) in eval mode: merged weights if present (and preferred), else base+adapter,
         merged in memory (`merge=True`: no LoRA matmuls per layer at inference; False keeps the PeftModel)."""
-        from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification,
+                                  AutoModelForTokenClassification, AutoTokenizer)
 
         from ..modelref import resolve
 
         tok = AutoTokenizer.from_pretrained(str(self.sub(self.manifest["tokenizer"])))
         causal = self.kind in {"llm_scorer", "causal_lm"}
-        cls = AutoModelForCausalLM if causal else AutoModelForSequenceClassification
+        cls = (AutoModelForCausalLM if causal else AutoModelForTokenClassification if self.kind == "encoder_spans"
+               else AutoModelForSequenceClassification)
         kwargs: dict[str, Any] = {}
         if not causal:
             labels = self.manifest.get("labels")
@@ -219,6 +223,15 @@ def load_bundle(path: str | Path, role: str | None = None, base_model: str | Non
         raise BundleError(f"{mf}: one of 'adapter' or 'merged' must name a folder")
     if manifest["role"] == "tagger" and manifest["kind"] == "encoder_multilabel" and not manifest.get("labels"):
         raise BundleError(f"{mf}: tagger bundles need 'labels'")
+    if manifest["kind"] == "encoder_spans":
+        if not manifest.get("labels") or not isinstance(manifest.get("span_vocab"), dict):
+            raise BundleError(f"{mf}: encoder_spans bundles need 'labels' and 'span_vocab'")
+        from .spans import SpanCodec
+
+        try:
+            SpanCodec(manifest["labels"], manifest["span_vocab"])
+        except ValueError as e:
+            raise BundleError(f"{mf}: field 'labels': {e}") from e
     return Bundle(p, manifest)
 
 

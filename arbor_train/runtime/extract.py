@@ -8,6 +8,8 @@ always pass through validate.py before anything reaches the store; `ExtractorSet
   versioned prompts in arbor_train.prompts; one batched generation per kind.
 - `OnePassExtractor`: a bundle trained in the one-generation layout (`task.layout: one_pass`): one
   generation per turn answers every kind as one JSON object, split here per kind.
+- `SpanExtractor`: a token-classification encoder bundle (`task.layout: spans`): one forward pass per turn
+  tags spans for every kind (runtime/spans.py), decoded here per kind; no generation.
 """
 
 from __future__ import annotations
@@ -332,6 +334,41 @@ class OnePassExtractor(LLMExtractor):
         return out
 
 
+class SpanExtractor:
+    """The encoder span layout: one forward pass of a token-classification encoder over a batch of turns
+    tags spans for every kind at once (runtime/spans.py); `run(kind, turns)` answers the other kinds of the
+    same turns from that pass, as OnePassExtractor does with its generation."""
+
+    def __init__(self, model, tokenizer, codec, kinds: list[str] | None = None, max_length: int = 256,
+                 batch_size: int = 32, name: str = "spans"):
+        self.model, self.tokenizer, self.codec = model, tokenizer, codec
+        self.kinds = set(kinds or KINDS)
+        self.max_length, self.batch_size, self.name = max_length, batch_size, name
+        self._last: tuple[tuple, list[dict]] | None = None
+
+    def read(self, turns: list[TurnInput]) -> list[dict]:
+        import torch
+
+        from .spans import encode, read_batch
+
+        out: list[dict] = []
+        for i in range(0, len(turns), self.batch_size):
+            chunk = turns[i: i + self.batch_size]
+            pairs = [(t.user_text or "", t.assistant_text or "") for t in chunk]
+            enc = encode(self.tokenizer, pairs, self.max_length)
+            dev = next(self.model.parameters()).device
+            with torch.inference_mode():
+                logits = self.model(**{k: v.to(dev) for k, v in enc.items() if k != "offset_mapping"}).logits
+            out += read_batch(self.codec, logits.float().cpu(), enc, pairs, [t.timestamp for t in chunk])
+        return out
+
+    def run(self, kind: str, turns: list[TurnInput]) -> list[Any]:
+        key = tuple((t.user_text, t.assistant_text, t.timestamp) for t in turns)
+        if self._last is None or self._last[0] != key:
+            self._last = (key, self.read(turns))
+        return [d[kind] for d in self._last[1]]
+
+
 def _object(text: str) -> dict | None:
     """A one-pass output as a JSON object (fences and trailing commas repaired), or None."""
     from .validate import ExtractionRejected, parse_json_output
@@ -389,6 +426,18 @@ def build_extractor(spec, cache: dict) -> Extractor:
             from .llm import resolve_dtype
 
             model = model.to(resolve_dtype(spec["dtype"], "cpu" if model.device.type == "cpu" else "cuda"))
+        if b.kind == "encoder_spans":  # one forward pass per batch of turns, every kind
+            from .spans import SpanCodec
+
+            gen = [k for k in ("constrained", "prefix_cache") if spec.get(k)]
+            if gen:
+                raise ConfigError(f"extractor option(s) {', '.join(gen)} shape a generation; the bundle "
+                                  f"{spec['path']} is a span tagger (kind encoder_spans), which generates nothing")
+
+            cache[key] = ex = SpanExtractor(model, tok, SpanCodec(b.manifest["labels"], b.manifest["span_vocab"]),
+                                            b.manifest.get("kinds"), int(b.manifest.get("max_length") or 256),
+                                            spec.get("batch_size", 32), name=f"bundle:{spec['path']}")
+            return ex
         llm = HFCausalLM.from_parts(model, tok, name=f"bundle:{spec['path']}", batch_size=spec.get("batch_size", 8))
         # what its outputs depend on: the bundle's identity (training data fingerprint, export time) and dtype
         weights = "int8" if quantize else str(next(model.parameters()).dtype).replace("torch.", "")
@@ -428,7 +477,7 @@ class ExtractorSet:
 
     @property
     def uses_models(self) -> bool:
-        return any(isinstance(self.by_kind[k], LLMExtractor) for k in self.enabled)
+        return any(isinstance(self.by_kind[k], (LLMExtractor, SpanExtractor)) for k in self.enabled)
 
     def extract(self, turns: list[TurnInput]) -> list[Extraction]:
         outs = [Extraction() for _ in turns]
