@@ -158,29 +158,25 @@ class SpanCodec:
         def inside(sp: Span, parts: list[Span]) -> list[Span]:
             return [p for p in parts if p.seg == sp.seg and p.start >= sp.start and p.end <= sp.end]
 
-        ents = [s for s in spans["entities"]]
+        ents = spans["entities"]
         ent_names = list(dict.fromkeys(t for s in ents if (t := txt(s))))
 
         def ents_in(sp: Span) -> list[str]:
             return list(dict.fromkeys(t for e in inside(sp, ents) if (t := txt(e))))[:8]
 
-        user = texts[0]
-        sent_bounds = _sentence_bounds(user)
+        bounds = [_sentence_bounds(t) for t in texts]
 
-        def sentence_of(sp: Span) -> str:
-            for s, e in sent_bounds:
-                if s <= sp.start < e:
-                    return user[s:e]
-            return txt(sp)
+        def sentence_of(sp: Span) -> Span:
+            s, e = next(((s, e) for s, e in bounds[sp.seg] if s <= sp.start < e), (sp.start, sp.end))
+            return Span(sp.seg, s, e, "")
 
         summary = " ".join(txt(s) for s in spans["summary"] if s.seg == 0 and txt(s))
         speakers = (_speaker(texts[0]), _speaker(texts[1]))
         facts = [{"text": truncate(third_person(t, speakers[s.seg]), MAX_CHARS - 1), "entities": ents_in(s), "tags": []}
                  for s in spans["facts"] if (t := txt(s))]
         tags = self.vocab.get("state_tags", {})
-        states = [{"key": s.type, "value": t, "tag": tags.get(s.type, ""),
-                   "entities": ents_in(Span(0, *_bounds_of(sent_bounds, s), "")) if s.seg == 0 else [],
-                   "evidence": sentence_of(s)} for s in spans["states"] if (t := txt(s))]
+        states = [{"key": s.type, "value": t, "tag": tags.get(s.type, ""), "entities": ents_in(sent := sentence_of(s)),
+                   "evidence": truncate(texts[s.seg][sent.start: sent.end], MAX_CHARS - 1)} for s in spans["states"] if (t := txt(s))]
         actions = self.vocab.get("actions", {})
         events = []
         for s in spans["events"]:
@@ -197,7 +193,8 @@ class SpanCodec:
                 continue
             events.append({"subject": subj if subj and subj.lower() not in ("i", "we", "my", "our") else "user",
                            "action": action, "category": category or action, "quantity": quantity, "unit": unit,
-                           "date": timestamp, "text": texts[s.seg][s.start: s.end].strip(), "entities": ents_in(s)})
+                           "date": timestamp, "text": truncate(texts[s.seg][s.start: s.end].strip(), MAX_CHARS - 1),
+                           "entities": ents_in(s)})
         artifacts: list[dict] = []
         for s in sorted(spans["artifacts"], key=lambda x: (x.seg, x.start)):
             if s.type == "NAME":
@@ -206,7 +203,7 @@ class SpanCodec:
                 artifacts.append({"name": txt(s).lower(), "subject": m.group(1) if m else "user", "items": [],
                                   "entities": []})
             elif artifacts and (t := txt(s)):
-                artifacts[-1]["items"].append(t)
+                artifacts[-1]["items"].append(truncate(t, MAX_CHARS - 1))
         for a in artifacts:
             a["entities"] = [e for e in ent_names if any(e in i for i in a["items"]) or e == a["subject"]][:8]
         return {"summary": summary, "entities": ent_names[:16], "facts": facts, "states": states, "events": events,
@@ -222,10 +219,6 @@ def _sentence_bounds(text: str) -> list[tuple[int, int]]:
         out.append((i, i + len(s)))
         pos = i + len(s)
     return out or [(0, len(text))]
-
-
-def _bounds_of(bounds: list[tuple[int, int]], sp: Span) -> tuple[int, int]:
-    return next(((s, e) for s, e in bounds if s <= sp.start < e), (sp.start, sp.end))
 
 
 # ---------------------------------------------------------------------------------- gold -> spans
