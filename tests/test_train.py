@@ -423,6 +423,7 @@ def test_qwen3_moe_lora_config_reaches_every_routed_expert():
     (["trainer=deepspeed_zero3"], "needs GPUs"),
     (["task=extractor_states"], "needs a decoder"),
     (["model=tiny_decoder", "task=reranker"], "needs an encoder"),
+    (["model=tiny_decoder", "task=extractor_spans"], r"needs an encoder model \(task.layout=spans\)"),
     (["model=qwen3_4b", "task=extractor_states", "peft.enabled=false"], "full fine-tuning"),
     (["model=qwen3_30b_a3b", "task=extractor_states", "peft.dropout=0.05"], "set peft.dropout=0"),
 ])

@@ -404,9 +404,9 @@ class Extractor(Role):
         layout = c["task"].get("layout", "kind")
         if layout not in LAYOUTS:  # before any model is built
             raise ConfigError(f"option task.layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-        want = "encoder" if layout == SPANS else "decoder"
-        if c["model"]["family"] != want:
-            raise ConfigError(f"task={c['task']['name']} (layout {layout}) needs an {want} model, got "
+        want = "an encoder" if layout == SPANS else "a decoder (causal LM)"
+        if c["model"]["family"] != want.split()[1]:
+            raise ConfigError(f"task={c['task']['name']} needs {want} model (task.layout={layout}), got "
                               f"model={c['model']['name']} (family {c['model']['family']})")
 
     def build(self, c: dict) -> Built:
