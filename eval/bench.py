@@ -359,7 +359,7 @@ def bench_extract(cfg: DictConfig) -> dict:
     from arbor_train.roles.extractor import row_target
     from arbor_train.runtime import default_config
     from arbor_train.runtime.bundle import load_bundle
-    from arbor_train.runtime.extract import KINDS, ExtractorSet, TurnInput
+    from arbor_train.runtime.extract import DECODING_LEVERS, KINDS, ExtractorSet, TurnInput
     from arbor_train.runtime.validate import ValidationReport, validate_items
     from arbor_train.scoring.training import fact_f1, json_validity
     from data_gen.locomo import observation_facts
@@ -420,7 +420,7 @@ def bench_extract(cfg: DictConfig) -> dict:
         bundle_layout = manifest.get("layout", "kind")
         kinds = [k for k in KINDS if k in (manifest.get("kinds") or KINDS)]
         opts = dict(opts or {})
-        if bundle_layout == "spans" and (opts.get("constrained") or opts.get("prefix_cache")):
+        if bundle_layout == "spans" and any(opts.get(k) for k in DECODING_LEVERS):
             continue  # decoding levers: a span tagger generates nothing
         threads = int(opts.pop("threads", b["threads"]))
         spec = {"kind": "bundle", "path": str(path), "max_new_tokens": int(b["max_new_tokens"].get(bundle_layout, 0)),

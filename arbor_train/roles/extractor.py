@@ -2,13 +2,15 @@
 
 Prompts are the runtime's own, in one of two generation layouts (`task.layout`): `kind`, one prompt and one
 generation per extraction kind (`arbor_train.prompts.extract_messages`), or `one_pass`, one prompt naming
-every kind a row supervises, answered as one JSON object (`extract_all_messages`). The third layout,
-`spans`, trains an encoder to tag every kind's spans in one forward pass (arbor_train/runtime/spans.py):
-token classification, one cross-entropy per channel, channels a row does not supervise ignored. Completions are the
+every kind a row supervises, answered as one JSON object (`extract_all_messages`). Completions are the
 strict JSON the runtime validates; the loss covers completion tokens only (masks are built with the
 examples, arbor_train/packing.py) and examples are packed without attention across them. Validation reports
 the held-out completion loss, and generates greedily for a fixed held-out sample: JSON validity and each
 kind's metrics (arbor_train/scoring/training.py extraction_metrics).
+
+The third layout, `spans`, trains an encoder to tag every kind's spans in one forward pass
+(arbor_train/runtime/spans.py): token classification, one cross-entropy per channel, the channels a row does
+not supervise left out (SpanModule).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from ..packing import (
     real_tokens,
     use_packed_attention,
 )
-from ..prompts import PROMPT_VERSION, EXTRACT_TEMPLATE, extract_all_messages, extract_all_target, extract_messages, extract_target
+from ..prompts import (EXTRACT_TEMPLATE, PROMPT_VERSION, extract_all_messages, extract_all_target, extract_messages,
+                       extract_target)
 from ..wrap import through_root
 from .common import Built, Role, RoleModule, load_rows, loaders
 
@@ -323,8 +326,9 @@ def collate_spans(batch: list[dict], pad: int) -> dict:
 
 class SpanModule(RoleModule):
     """Token classification with one cross-entropy per channel (the mean over channels of the tokens a row
-    supervises; `task.o_weight` weighs the `O` tag, which most tokens of every channel carry). Validation decodes every held-out row into the runtime's items, through its per-kind
-    validation, and scores each kind with the shared metrics (scoring/training.py extraction_metrics)."""
+    supervises; `task.o_weight` weighs the `O` tag, which most tokens of every channel carry). Validation
+    decodes every held-out row into the runtime's items, through its per-kind validation, and scores each
+    kind with the shared metrics (scoring/training.py extraction_metrics)."""
 
     def __init__(self, model, cfg: dict, codec, val_rows: list[dict], kinds: list[str]):
         super().__init__(model, cfg)
@@ -350,7 +354,7 @@ class SpanModule(RoleModule):
         return loss, len(batch["rows"]), logits
 
     def collect_validation(self, batch: dict, logits: torch.Tensor) -> None:
-        local = torch.stack([logits[..., off: off + len(tags)].argmax(-1) for off, tags in self.codec.channels.values()], -1)
+        local = self.codec.local_labels(logits)
         for i, row in enumerate(batch["rows"]):
             r = self.val_rows[row]
             spans = self.codec.spans_of(local[i].tolist(), batch["offsets"][i], batch["seq_ids"][i])
@@ -404,8 +408,9 @@ class Extractor(Role):
         layout = c["task"].get("layout", "kind")
         if layout not in LAYOUTS:  # before any model is built
             raise ConfigError(f"option task.layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-        want = "an encoder" if layout == SPANS else "a decoder (causal LM)"
-        if c["model"]["family"] != want.split()[1]:
+        family = "encoder" if layout == SPANS else "decoder"
+        if c["model"]["family"] != family:
+            want = "an encoder" if family == "encoder" else "a decoder (causal LM)"
             raise ConfigError(f"task={c['task']['name']} needs {want} model (task.layout={layout}), got "
                               f"model={c['model']['name']} (family {c['model']['family']})")
 

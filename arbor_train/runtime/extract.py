@@ -339,10 +339,8 @@ class SpanExtractor:
     tags spans for every kind at once (runtime/spans.py); `run(kind, turns)` answers the other kinds of the
     same turns from that pass, as OnePassExtractor does with its generation."""
 
-    def __init__(self, model, tokenizer, codec, kinds: list[str] | None = None, max_length: int = 256,
-                 batch_size: int = 32, name: str = "spans"):
+    def __init__(self, model, tokenizer, codec, max_length: int = 256, batch_size: int = 32, name: str = "spans"):
         self.model, self.tokenizer, self.codec = model, tokenizer, codec
-        self.kinds = set(kinds or KINDS)
         self.max_length, self.batch_size, self.name = max_length, batch_size, name
         self._last: tuple[tuple, list[dict]] | None = None
 
@@ -352,11 +350,11 @@ class SpanExtractor:
         from .spans import encode, read_batch
 
         out: list[dict] = []
+        dev = next(self.model.parameters()).device
         for i in range(0, len(turns), self.batch_size):
             chunk = turns[i: i + self.batch_size]
             pairs = [(t.user_text or "", t.assistant_text or "") for t in chunk]
             enc = encode(self.tokenizer, pairs, self.max_length)
-            dev = next(self.model.parameters()).device
             with torch.inference_mode():
                 logits = self.model(**{k: v.to(dev) for k, v in enc.items() if k != "offset_mapping"}).logits
             out += read_batch(self.codec, logits.float().cpu(), enc, pairs, [t.timestamp for t in chunk])
@@ -380,10 +378,13 @@ def _object(text: str) -> dict | None:
     return obj if isinstance(obj, dict) else None
 
 
+DECODING_LEVERS = ("constrained", "prefix_cache")  # options that shape a generation (a span tagger has none)
+
+
 def _levers(spec: dict) -> dict:
     """A model extractor's decoding levers (runtime/constrain.py): JSON-constrained generation, prefix KV reuse."""
     out = {}
-    for key in ("constrained", "prefix_cache"):
+    for key in DECODING_LEVERS:
         v = spec.get(key, False)
         if not isinstance(v, bool):
             raise ConfigError(f"extractor option {key} must be true or false, got {v!r}")
@@ -429,26 +430,25 @@ def build_extractor(spec, cache: dict) -> Extractor:
         if b.kind == "encoder_spans":  # one forward pass per batch of turns, every kind
             from .spans import SpanCodec
 
-            gen = [k for k in ("constrained", "prefix_cache") if spec.get(k)]
+            gen = [k for k in DECODING_LEVERS if spec.get(k)]
             if gen:
                 raise ConfigError(f"extractor option(s) {', '.join(gen)} shape a generation; the bundle "
                                   f"{spec['path']} is a span tagger (kind encoder_spans), which generates nothing")
-
-            cache[key] = ex = SpanExtractor(model, tok, SpanCodec(b.manifest["labels"], b.manifest["span_vocab"]),
-                                            b.manifest.get("kinds"), int(b.manifest.get("max_length") or 256),
-                                            spec.get("batch_size", 32), name=f"bundle:{spec['path']}")
-            return ex
-        llm = HFCausalLM.from_parts(model, tok, name=f"bundle:{spec['path']}", batch_size=spec.get("batch_size", 8))
-        # what its outputs depend on: the bundle's identity (training data fingerprint, export time) and dtype
-        weights = "int8" if quantize else str(next(model.parameters()).dtype).replace("torch.", "")
-        llm.cache_id = (f"bundle:{b.manifest['data_fingerprint']}|{b.manifest.get('created_at')}|{weights_id(b.path)}|"
-                        f"{weights}")
-        levers = _levers(spec)
-        if b.manifest.get("layout", "kind") == "one_pass":  # one generation per turn, every kind
-            ex = OnePassExtractor(llm, spec.get("max_new_tokens") or b.manifest.get("max_new_tokens", 384),
-                                  kinds=b.manifest.get("kinds"), **levers)
+            ex = SpanExtractor(model, tok, SpanCodec(b.manifest["labels"], b.manifest["span_vocab"]),
+                               int(b.manifest.get("max_length") or 256), spec.get("batch_size", 32),
+                               name=f"bundle:{spec['path']}")
         else:
-            ex = LLMExtractor(llm, spec.get("max_new_tokens", 256), kinds=b.manifest.get("kinds"), **levers)
+            llm = HFCausalLM.from_parts(model, tok, name=f"bundle:{spec['path']}", batch_size=spec.get("batch_size", 8))
+            # what its outputs depend on: the bundle's identity (training data fingerprint, export time) and dtype
+            weights = "int8" if quantize else str(next(model.parameters()).dtype).replace("torch.", "")
+            llm.cache_id = (f"bundle:{b.manifest['data_fingerprint']}|{b.manifest.get('created_at')}|"
+                            f"{weights_id(b.path)}|{weights}")
+            levers = _levers(spec)
+            if b.manifest.get("layout", "kind") == "one_pass":  # one generation per turn, every kind
+                ex = OnePassExtractor(llm, spec.get("max_new_tokens") or b.manifest.get("max_new_tokens", 384),
+                                      kinds=b.manifest.get("kinds"), **levers)
+            else:
+                ex = LLMExtractor(llm, spec.get("max_new_tokens", 256), kinds=b.manifest.get("kinds"), **levers)
     else:
         raise ConfigError(f"runtime option extractors.<kind>.kind must be heuristic, prompted or bundle, got {kind!r}")
     cache[key] = ex

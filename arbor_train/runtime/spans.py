@@ -97,6 +97,12 @@ class SpanCodec:
     def local(self, ch: str, tag: str) -> int:
         return self.channels[ch][1].index(tag)
 
+    def local_labels(self, logits):
+        """[..., tokens, channels] local label ids: the argmax of each channel's slice of the head's logits."""
+        import torch
+
+        return torch.stack([logits[..., off: off + len(tags)].argmax(-1) for off, tags in self.channels.values()], -1)
+
     # ------------------------------------------------------------------ tokens <-> spans
     def token_labels(self, enc_offsets: list[tuple[int, int]], seq_ids: list[int | None],
                      spans: dict[str, list[Span]], supervised: set[str]) -> list[list[int]]:
@@ -238,7 +244,7 @@ def _find(text: str, needle: str, start: int = 0, end: int | None = None, case: 
     return (m.start(), m.end()) if m else None
 
 
-def _best_sentence(text: str, target: str, floor: float = 0.5) -> tuple[float, tuple[int, int]] | None:
+def _best_run(text: str, target: str, floor: float = 0.5) -> tuple[float, tuple[int, int]] | None:
     """(token F1, char range) of the run of words of text that, read in the third person (third_person),
     overlaps target's words best (F1 at least `floor`), or None. A run stays within one sentence."""
     tw = Counter(w for w, _, _ in _words(target))
@@ -284,6 +290,13 @@ def third_person(sentence: str, speaker: str | None) -> str:
                   lambda m: _FIRST_PERSON[m.group(0).lower()].format(n=speaker), sentence)
 
 
+def _is_verb_of(word: str, action: str, verbs: dict[str, str] | None = None) -> bool:
+    """Whether a (lower-cased) word of an event's text is the verb of its action: a verb the vocabulary maps
+    to it, its past form, the action itself, or an inflection of it (paid, hiking; not the plural noun)."""
+    return bool(action) and ((verbs or {}).get(word) == action or _PAST.get(word) == action or word == action
+                             or (len(action) > 2 and word.startswith(action.rstrip("e")) and word != action + "s"))
+
+
 def _lcs_words(src: list[tuple[str, int, int]], tgt: list[str]) -> list[tuple[int, int]]:
     """Char ranges of the source words on one longest common subsequence with the target words."""
     n, m = len(src), len(tgt)
@@ -321,7 +334,7 @@ def gold_spans(user: str, assistant: str, targets: dict[str, Any], state_keys: s
     for f in targets.get("facts") or []:  # the sentence (of either speaker) that best states it
         if not isinstance(f, dict):
             continue
-        found = [(sc, seg, w) for seg, t in enumerate(texts) if (hit := _best_sentence(t, str(f.get("text", ""))))
+        found = [(sc, seg, w) for seg, t in enumerate(texts) if (hit := _best_run(t, str(f.get("text", ""))))
                  for sc, w in [hit]]
         if found:
             _, seg, w = max(found)
@@ -332,7 +345,8 @@ def gold_spans(user: str, assistant: str, targets: dict[str, Any], state_keys: s
     for ev in targets.get("events") or []:
         if not isinstance(ev, dict):
             continue
-        w = _find(user, str(ev.get("text", "")), case=True) or (_best_sentence(user, str(ev.get("text", ""))) or (0, None))[1]
+        run = _best_run(user, str(ev.get("text", "")))
+        w = _find(user, str(ev.get("text", "")), case=True) or (run[1] if run else None)
         if w is None:
             continue
         s, e = w
@@ -343,8 +357,7 @@ def gold_spans(user: str, assistant: str, targets: dict[str, Any], state_keys: s
         action = str(ev.get("action") or "").lower()
         verb_at = s
         for word, ws, we in _words(user[s:e]):
-            if action and ((verbs or {}).get(word) == action or _PAST.get(word) == action or word == action
-                           or (len(action) > 2 and word.startswith(action.rstrip("e")) and word != action + "s")):
+            if _is_verb_of(word, action, verbs):
                 out["event_parts"].append(Span(0, s + ws, s + we, "VERB"))
                 verb_at = s + we
                 break
@@ -372,7 +385,7 @@ def gold_spans(user: str, assistant: str, targets: dict[str, Any], state_keys: s
 
 def learn_vocab(rows_targets: list[dict[str, Any]], min_count: int = 2) -> tuple[list[str], dict, dict]:
     """(state keys seen at least min_count times, key -> most common tag, verb -> [action, category]) from
-    training targets ({kind: target} per row, with the row's `_user` text)."""
+    training targets ({kind: target} per row)."""
     keys: Counter = Counter()
     key_tags: dict[str, Counter] = {}
     verbs: dict[str, Counter] = {}
@@ -386,8 +399,7 @@ def learn_vocab(rows_targets: list[dict[str, Any]], min_count: int = 2) -> tuple
                 continue
             action = str(ev["action"]).lower()
             for word, _, _ in _words(str(ev.get("text", ""))):
-                if _PAST.get(word) == action or word == action or (len(action) > 2 and word.startswith(action.rstrip("e"))
-                                                                   and word != action + "s"):
+                if _is_verb_of(word, action):
                     verbs.setdefault(word, Counter())[(action, str(ev.get("category") or action))] += 1
                     break
     state_keys = sorted(k for k, n in keys.items() if n >= min_count)
@@ -397,9 +409,7 @@ def learn_vocab(rows_targets: list[dict[str, Any]], min_count: int = 2) -> tuple
 
 def read_batch(codec: SpanCodec, logits, enc, texts: list[tuple[str, str]], timestamps: list[str | None]) -> list[dict]:
     """Each turn's per-kind raw outputs from the head's logits ([batch, tokens, labels]) of `encode`'s batch."""
-    import torch
-
-    local = torch.stack([logits[..., off: off + len(tags)].argmax(-1) for off, tags in codec.channels.values()], -1)
+    local = codec.local_labels(logits)
     out = []
     for i, (pair, ts) in enumerate(zip(texts, timestamps)):
         offs = [tuple(x) for x in enc["offset_mapping"][i].tolist()]
