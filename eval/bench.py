@@ -27,6 +27,8 @@ from arbor_train.paths import CONF_DIR
 
 log = logging.getLogger(__name__)
 
+PAPER_INGEST_S = 1.363  # the method paper's seconds per ingested turn, with LLM calls (../shared/docs/arbormem.md "Efficiency")
+
 FIRST = ["Alice", "Bob", "Carmen", "Dmitri", "Elena", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kemal", "Lucia",
          "Marek", "Nadia", "Oskar", "Priya", "Quentin", "Rosa", "Samir", "Tomas", "Uma", "Viktor", "Wen", "Yara"]
 PLACES = ["Lisbon", "Porto", "Kyoto", "Oslo", "Quito", "Tunis", "Riga", "Hanoi", "Lima", "Cork", "Bergen", "Split",
@@ -108,6 +110,12 @@ def bench_forget(mem, b: DictConfig, scratch: Path) -> dict:
     return out
 
 
+def extractor_names(comp: dict) -> list[str]:
+    """The distinct extractor classes a runtime's enabled kinds run (SpanExtractor alone: one bundle, every kind)."""
+    ex = comp["extractors"]
+    return sorted({type(ex.by_kind[k]).__name__ for k in ex.enabled})
+
+
 def bench_runtime(cfg: DictConfig) -> dict:
     from arbor_train.runtime import ArborMemory, build_components, default_config
     from arbor_train.runtime.rerank import build_reranker
@@ -115,8 +123,8 @@ def bench_runtime(cfg: DictConfig) -> dict:
     b = cfg.bench
     sizes = sorted(parse_int(s, f"bench.sizes[{k}]", minimum=1) for k, s in enumerate(b.sizes))
     results: dict = {}
-    for label, overrides in b.runtimes.items():
-        rcfg = default_config(*overrides)
+    for label in b.profiles:
+        rcfg = default_config(*b.runtimes[label])
         comp = build_components(rcfg)
         measured_reranker = comp["reranker"]
         bulk = dict(comp, reranker=build_reranker({"kind": "heuristic", "heuristic": rcfg["reranker"]["heuristic"]}))
@@ -128,8 +136,8 @@ def bench_runtime(cfg: DictConfig) -> dict:
             res: dict = {}
             for size in sizes:
                 t0 = time.perf_counter()
-                # bulk build with the heuristic reranker (the measured windows use the runtime's own)
-                while built < size - b.window:
+                # bulk build with the heuristic reranker (the two measured windows use the runtime's own)
+                while built < size - 2 * b.window:
                     u, a, q = next(stream)
                     mem.step(u, a)
                     questions.append(q)
@@ -137,6 +145,15 @@ def bench_runtime(cfg: DictConfig) -> dict:
                     if built % 1000 == 0:
                         print(f"[{label}] built {built} nodes ({time.perf_counter() - t0:.0f}s)", flush=True)
                 mem.reranker = measured_reranker
+                # batched: a replay's ingest (ArborMemory.steps), runtime.ingest.extract_ahead turns extracted at once
+                window = [next(stream) for _ in range(b.window)]
+                questions += [q for _, _, q in window]
+                t1 = time.perf_counter()
+                for _ in mem.steps([{"user": u, "assistant": a} for u, a, _ in window]):
+                    pass
+                batched = (time.perf_counter() - t1) / b.window
+                built += b.window
+                # online: one turn at a time, as a live assistant commits (the stage split is this window's)
                 mem.timings.__init__()
                 t1 = time.perf_counter()
                 while built < size:
@@ -161,6 +178,8 @@ def bench_runtime(cfg: DictConfig) -> dict:
                 res[f"nodes_{size}"] = {
                     "nodes": mem.stats()["nodes"], "roots": mem.stats()["roots"],
                     "ingest_s_per_turn": round(ingest, 5),
+                    "ingest_batched_s_per_turn": round(batched, 5),
+                    "paper_over_online": round(PAPER_INGEST_S / ingest, 1),  # the paper's s/turn over this online one
                     "ingest_localize_s": round(statistics.mean(tm.localize_s[: b.window]), 5),
                     "ingest_extract_s": round(statistics.mean(tm.extract_s), 5),
                     "ingest_write_s": round(statistics.mean(tm.commit_s), 5),
@@ -178,6 +197,9 @@ def bench_runtime(cfg: DictConfig) -> dict:
             res["query_p95_ratio"] = round(hi["query_p95_s"] / max(lo["query_p95_s"], 1e-9), 3)
         res["reranker"] = measured_reranker.name
         res["embedder"] = comp["embedder"].name
+        res["tagger"] = type(comp["tagger"]).__name__
+        res["extractors"] = extractor_names(comp)
+        res["extract_ahead"] = int(rcfg.get("ingest", {}).get("extract_ahead", 1))
         results[label] = res
     results["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(),
                           "processor": platform.processor() or platform.machine()}
@@ -437,7 +459,7 @@ def bench_extract(cfg: DictConfig) -> dict:
         del ex
     return {"target": "extract", "rows": results, "branchmem_turns": len(bm_turns), "locomo_interactions": len(lc_turns),
             "locomo_conversations": [c.conversation_id for c in convs], "online_turns": single,
-            "batch_size": int(b["batch_size"]), "threads": int(b["threads"]), "paper_ingest_s_per_turn": 1.363,
+            "batch_size": int(b["batch_size"]), "threads": int(b["threads"]), "paper_ingest_s_per_turn": PAPER_INGEST_S,
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}}
 
 
@@ -499,8 +521,23 @@ def check_options(cfg: DictConfig) -> None:
         for key in ("window", "queries"):
             parse_int(b[key], f"bench.{key}", minimum=1)
         parse_int(b.seed, "bench.seed")
+        window = parse_int(b.window, "bench.window", minimum=1)
+        for k, size in enumerate(sorted(int(x) for x in b.sizes)):
+            below = int(sorted(int(x) for x in b.sizes)[k - 1]) if k else 0
+            if size - below < 2 * window:
+                raise ConfigError(f"option bench.sizes: {size} is less than twice bench.window={window} above "
+                                  f"{below} (each size ends with a batched and an online window of that many turns)")
         if not b.runtimes:
             raise ConfigError("option bench.runtimes must map labels to lists of runtime overrides")
+        if isinstance(b.profiles, str) or not b.profiles:
+            raise ConfigError(f"option bench.profiles must be a non-empty list of bench.runtimes labels, got {b.profiles!r}")
+        for k, name in enumerate(b.profiles):
+            parse_choice(name, f"bench.profiles[{k}]", sorted(b.runtimes))
+            for override in b.runtimes[name] or []:
+                key, _, path = str(override).partition("=")
+                if key.endswith(".path") and path not in ("", "null") and not (Path(path) / "manifest.json").exists():
+                    raise MissingInputError(f"option bench.runtimes.{name}: {key}={path!r} holds no bundle (set it, or "
+                                            "bench.bundles.<role>, to a folder of python -m arbor_train.export)")
         from arbor_train.runtime.config import check_overrides
 
         for label, overrides in b.runtimes.items():

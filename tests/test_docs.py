@@ -106,7 +106,7 @@ OWN_TESTS = {"main_job": "tests/test_pipeline.py", "locomo_cv": "tests/test_loco
              "reader": "test_the_reader_tables_run_at_smoke_size_on_a_tiny_reader",
              "multi_intent_answers_reader": "test_the_reader_tables_run_at_smoke_size_on_a_tiny_reader",
              "multi_intent_linked_reader": "test_the_reader_tables_run_at_smoke_size_on_a_tiny_reader",
-             "bench_extract": "tests/test_extract_levers.py", "distill_student": "tests/test_distill.py",
+             "bench_extract": "tests/test_extract_levers.py", "bench_tuned_runtime": "tests/test_ingest_ahead.py", "distill_student": "tests/test_distill.py",
              "distill_locomo": "test_the_distill_locomo_table_runs_at_smoke_size",
              "locomo_answers": "test_the_locomo_answers_table_runs_at_smoke_size"}
 SLOW_TABLES = ("policies_locomo", "irc_dev", "specificity", "specificity_answers", "multi_intent_answers",

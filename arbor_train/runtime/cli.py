@@ -125,6 +125,7 @@ def _ingest(cfg: DictConfig) -> dict:
     reset = parse_bool(_opt(cfg, "reset"), "reset")
     # everything is validated before the memory is opened: a bad file or option writes nothing
     file_conv, turns = load_conversation(str(src), _limits(cfg))
+    ahead = parse_int(cfg.runtime.ingest.extract_ahead, "runtime.ingest.extract_ahead", minimum=1)
     conv = _conversation(cfg, file_conv)
     path = _memory_path(cfg, must_exist=False)
     keys = turn_keys(turns)
@@ -163,9 +164,11 @@ def _ingest(cfg: DictConfig) -> dict:
     verbose = len(todo) < PER_TURN_LINES_BELOW
     try:
         before = mem.stats()["nodes"]
-        bar = tqdm(todo, desc=f"ingest {conv}", unit="turn", file=sys.stderr, disable=None)
-        for i, t, key in bar:
-            node, loc = mem.step(t["user"], t["assistant"], t["timestamp"], turn_key=key, speaker=t["speaker"])
+        bar = tqdm(total=len(todo), desc=f"ingest {conv}", unit="turn", file=sys.stderr, disable=None)
+        # extraction runs runtime.ingest.extract_ahead turns at a time, ahead of their commits
+        stepped = mem.steps([dict(t, turn_key=key) for _, t, key in todo], ahead)
+        for (i, t, key), (node, loc) in zip(todo, stepped):
+            bar.update(1)
             r = {"turn": i, "node_id": node.id, "parent_id": node.parent_id, "root_id": node.root_id,
                  "route": loc.route, "score": round(float(loc.score), 4), "cue": loc.cue}
             routes.append(r)
@@ -174,6 +177,7 @@ def _ingest(cfg: DictConfig) -> dict:
                 cue = f" cue={loc.cue!r}" if loc.cue else ""
                 bar.write(f"turn {i:>3}: node {node.id} <- {where:<10} route={loc.route:<15} "
                           f"score={loc.score:.3f}{safe(cue, False)}  [{safe(node.topic_key, False)}]")
+        bar.close()
         counts = mem.stats()
     finally:
         mem.close()

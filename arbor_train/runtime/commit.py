@@ -8,9 +8,11 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from ..errors import parse_int
 from .extract import Extraction, TurnInput
 from .schema import Localization, Node
 from .text import snake_case, truncate
@@ -40,6 +42,29 @@ class Committer:
         self.lock_for_writing()
         loc = self.localize(user_text, speaker=speaker, timestamp=timestamp)
         return self.commit(user_text, assistant_text, loc, timestamp, turn_key=turn_key, speaker=speaker), loc
+
+    def steps(self, turns: Sequence[dict], ahead: int | None = None) -> Iterator[tuple[Node, Localization]]:
+        """`step` over many turns in order (dicts with user and assistant, and optionally timestamp, turn_key and
+        speaker), each chunk of `ahead` turns (runtime.ingest.extract_ahead) extracted as one batch before its
+        turns are localized and committed one by one: a replay's batched extraction. A turn's extraction reads
+        only the turn, so the forest equals the one `step` builds turn by turn. Yields (node, localization)."""
+        if ahead is None:
+            ahead = self.cfg.get("ingest", {}).get("extract_ahead", 1)
+        ahead = parse_int(ahead, "runtime.ingest.extract_ahead", minimum=1)
+        for i in range(0, len(turns), ahead):
+            chunk = turns[i : i + ahead]
+            self.lock_for_writing()
+            if ahead > 1:
+                with self.timings.stage("extract"):
+                    done = self.extractors.extract([TurnInput(t["user"], t["assistant"], t.get("timestamp"))
+                                                    for t in chunk])
+            else:
+                done = [None] * len(chunk)
+            for t, extraction in zip(chunk, done):
+                ts, speaker = t.get("timestamp"), t.get("speaker")
+                loc = self.localize(t["user"], speaker=speaker, timestamp=ts)
+                yield self.commit(t["user"], t["assistant"], loc, ts, extraction=extraction,
+                                  turn_key=t.get("turn_key"), speaker=speaker), loc
 
     def lock_for_writing(self) -> None:
         """Become this memory file's single writer (waits up to store.lock_timeout_s; MemoryBusy after)."""
