@@ -116,6 +116,11 @@ def test_pair_refit_fits_the_head_on_whole_candidate_lists_and_exports_the_refit
     assert saved["pair_refit"] == r
     m = load_bundle(export(res["run_dir"], tmp_path / "bundle", log_artifact=False), role="reranker").manifest
     assert m["new_root_threshold"] == pytest.approx(1 / (1 + math.exp(-m["pair_head"]["root_bias"])), abs=1e-6)
+    # the encoder logits read in length-sorted batches of pairs equal those read one pair at a time (no padding)
+    one = train(tcfg(tmp_path / "one", smoke_data, "task.pair_features=true", "task.pair_hidden=4",
+                     "task.pair_refit.enabled=true", "task.pair_refit.max_rows=60", "task.pair_refit.epochs=30",
+                     "task.pair_refit.lr=0.01", "task.pair_refit.logit_batch=1"))["pair_refit"]
+    assert one["pairs"] == r["pairs"] and one["loss_before"] == pytest.approx(r["loss_before"], rel=1e-4)
 
 
 def test_overlap_features_count_the_words_two_messages_share_without_their_nicks():

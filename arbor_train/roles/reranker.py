@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import data as D
-from ..errors import ConfigError
+from ..errors import ConfigError, parse_int
 from ..models import add_lora, build_decoder, build_encoder
 from ..prompts import PROMPT_VERSION, RERANK_TEMPLATE
 from .common import Built, Role, RoleModule, cap, load_rows, loaders
@@ -141,12 +141,13 @@ def refit_rows(c: dict) -> list[tuple[str, list[dict], list[int], bool, bool]]:
     if isinstance(r.get("sets"), str) or any(s not in REFIT_SETS for s in sets):
         raise ConfigError(f"option task.pair_refit.sets must be a list of {', '.join(REFIT_SETS)}, got {r.get('sets')!r}")
     as_question = group_options(t)["question_document"] == "text"
-    sources = [(c["data"]["train_dir"], list(t["sets"]), None, None, "data.train_dir")]
+    # the main set always holds routing rows (task.sets may train on its localization rows only)
+    sources = [(c["data"]["train_dir"], [*t["sets"], "routing"], None, None, "data.train_dir")]
     sources += [(src["dir"], list(src["sets"]), src.get("sessions"), src.get("exclude_sessions"), f"data.mix[{k}]")
                 for k, src in enumerate(c["data"].get("mix") or [])]
     k = 0
     for d, have, sessions, exclude, option in sources:
-        for name in [s for s in sets if s in have or (option == "data.train_dir" and s == "routing")]:
+        for name in [s for s in sets if s in have]:
             rows = D.of_sessions(D.load_sets(d, [name])[name], sessions, exclude, option)
             random.Random(c["seed"] + 100 + k).shuffle(rows)
             k += 1
@@ -193,22 +194,31 @@ def refit_pair_head(module: "RerankerModule", tokenizer, c: dict) -> dict[str, A
     mask, pairs = torch.zeros(len(rows), n + 1, dtype=torch.bool), 0
     L_ = torch.zeros(len(rows), n, len(LOGIT_INPUTS)) if head.logit_input else None  # padding stays 0
     extra = list(t.get("pair_extra") or [])
-    with torch.no_grad():  # one row at a time, tokenized as at run time (one input against its candidates)
-        for i, (q, rows_c, pos, root, question) in enumerate(tqdm(rows, desc="pair head refit: encoder logits",
-                                                                   unit="row")):
-            cands = [D.candidate_of(x, question) for x in rows_c]
-            enc = encode_pairs(tokenizer, [q] * len(cands), [x.document() for x in cands],
-                               t["max_length"], padding=True, return_tensors="pt")
-            enc_l[i, : len(cands)] = model(**{k: v.to(dev) for k, v in enc.items()}).logits[:, 0].float().cpu()
-            if L_ is not None:  # each row's logits against its own best candidate
-                L_[i, : len(cands)] = torch.from_numpy(logit_inputs(enc_l[i, : len(cands)].numpy()))
-            f, qf = pair_features(q, cands, extra)
-            feats[i, : len(cands)] = f
-            qs.append(qf)
-            mask[i, : len(cands)], mask[i, n] = True, not question  # a question has no new-root option
-            ys[i, pos] = 1.0
-            ys[i, n] = float(root)
-            pairs += len(cands)
+    # each row tokenized as at run time (one input against its candidates, truncated as encode_pairs decides);
+    # the encoder then reads every row's pairs in batches of similar length, so little of a batch is padding
+    encoded: list[tuple[int, int, dict]] = []
+    for i, (q, rows_c, pos, root, question) in enumerate(rows):
+        cands = [D.candidate_of(x, question) for x in rows_c]
+        enc = encode_pairs(tokenizer, [q] * len(cands), [x.document() for x in cands], t["max_length"])
+        encoded += [(i, j, {k: v[j] for k, v in enc.items()}) for j in range(len(cands))]
+        f, qf = pair_features(q, cands, extra)
+        feats[i, : len(cands)] = f
+        qs.append(qf)
+        mask[i, : len(cands)], mask[i, n] = True, not question  # a question has no new-root option
+        ys[i, pos] = 1.0
+        ys[i, n] = float(root)
+        pairs += len(cands)
+    encoded.sort(key=lambda e: len(e[2]["input_ids"]))
+    step = parse_int(r.get("logit_batch", 64), "task.pair_refit.logit_batch", minimum=1)
+    with torch.no_grad():
+        for s in tqdm(range(0, len(encoded), step), desc="pair head refit: encoder logits", unit="batch"):
+            part = encoded[s : s + step]
+            batch = tokenizer.pad([e[2] for e in part], return_tensors="pt")
+            out = model(**{k: v.to(dev) for k, v in batch.items()}).logits[:, 0].float().cpu()
+            enc_l[[e[0] for e in part], [e[1] for e in part]] = out
+    if L_ is not None:  # each row's logits against its own best candidate
+        for i, (_, rows_c, *_) in enumerate(rows):
+            L_[i, : len(rows_c)] = torch.from_numpy(logit_inputs(enc_l[i, : len(rows_c)].numpy()))
     F_, Q_ = torch.from_numpy(feats), torch.tensor(qs, dtype=torch.float32)
     params = [*head.parameters(), root_logit]
     opt = torch.optim.Adam(params, lr=float(r["lr"]))
