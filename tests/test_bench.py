@@ -1,8 +1,10 @@
-"""`python -m eval.bench target=train` on a tiny decoder: both sides run, the numbers are measured."""
+"""`python -m eval.bench`: target=train on a tiny decoder (both sides run, the numbers are measured), target=runtime's
+forget copies, stage split and option checks."""
 
 import pytest
 from hydra import compose, initialize_config_dir
 
+from arbor_train.errors import UserError
 from arbor_train.paths import CONF_DIR
 from eval.bench import run
 
@@ -79,9 +81,11 @@ def test_runtime_bench_measures_forget_on_copies_of_the_forest(monkeypatch):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="bench", overrides=[
             "target=runtime", "bench.sizes=[120]", "bench.window=10", "bench.queries=5", "bench.forget_counts=[1,7]",
-            "bench.forget_repeats=2", "~bench.runtimes.minilm_cross_encoder"])
-    res = run(cfg)["heuristic"]["nodes_120"]
-    assert res["nodes"] == 120
+            "bench.forget_repeats=2", "bench.profiles=[heuristic]"])
+    out = run(cfg)
+    assert sorted(out) == ["heuristic", "machine"]  # the profiles named, only
+    res = out["heuristic"]["nodes_120"]
+    assert res["nodes"] == 120 and res["ingest_batched_s_per_turn"] > 0
     assert forgot == [(1, 1), (1, 1), (7, 7), (7, 7)]
     for k in ("nodes_1", "nodes_7"):
         f = res["forget"][k]
@@ -91,3 +95,17 @@ def test_runtime_bench_measures_forget_on_copies_of_the_forest(monkeypatch):
     assert {"embed", "recall", "rerank", "write", "index", "other"} <= set(stages)
     assert stages["recall"] > 0 and stages["write"] > 0 and stages["other"] > -0.05
     assert sum(stages.values()) == pytest.approx(1000 * res["ingest_s_per_turn"], abs=0.1)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("bench.profiles=[heuristic,nope]", r"option bench.profiles\[1\] must be one of every_role_tuned, heuristic, "),
+    ("bench.sizes=[300]", r"option bench.sizes: 300 is less than twice bench.window=200"),
+    ("bench.bundles.reranker=/no/such/bundle",
+     r"option bench.runtimes.every_role_tuned: runtime.reranker.bundle.path='/no/such/bundle' holds no bundle"),
+])
+def test_runtime_bench_options_are_checked_before_any_model_is_built(override, message):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="bench", overrides=["target=runtime", "bench.profiles=[heuristic,every_role_tuned]",
+                                                      override])
+    with pytest.raises(UserError, match=message):
+        run(cfg)

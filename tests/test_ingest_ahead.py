@@ -73,3 +73,22 @@ def test_the_tuned_runtime_table_runs_at_smoke_size_on_tiny_bundles(tmp_path, sm
         cell = rows["every_role_tuned"][JOIN.join([f"nodes_1000.{key}", f"nodes_10000.{key}"])]
         assert cell[0] > 0 and cell[1] is None, key  # measured at the smoke size only
     assert (GENERATED / "bench_tuned_runtime" / "table.md").read_text() == before
+
+
+def test_the_end_to_end_figures_the_docs_state_are_the_generated_tables():
+    """README and the benchmarks page state the every-role-tuned seconds at 10,000 nodes: they are the published
+    run's (docs/results/generated/bench_tuned_runtime/results.json), rounded as the docs write them."""
+    import json
+
+    from arbor_train.paths import REPO_ROOT
+    from eval.tables import GENERATED, JOIN
+
+    rows = {r["row"]: r for r in json.loads((GENERATED / "bench_tuned_runtime" / "results.json").read_text())}
+    tuned = rows["every_role_tuned"]
+    online, batched = (tuned[JOIN.join([f"nodes_1000.{k}", f"nodes_10000.{k}"])][1]
+                       for k in ("ingest_s_per_turn", "ingest_batched_s_per_turn"))
+    claim = f"{online:.3f} s online and {batched:.3f} s batched at 10,000 nodes"
+    readme = " ".join((REPO_ROOT / "README.md").read_text().split())
+    page = " ".join((REPO_ROOT / "docs" / "results" / "benchmarks.md").read_text().split())
+    assert f"ingests a turn in {online:.3f} s online and {batched:.3f} s batched at 10,000 nodes" in readme, claim
+    assert f"a turn is ingested in {online:.3f} s online and {batched:.3f} s batched at 10,000 nodes" in page, claim
