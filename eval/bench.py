@@ -516,14 +516,11 @@ def check_options(cfg: DictConfig) -> None:
         b = cfg.bench
         if isinstance(b.sizes, str) or not b.sizes:
             raise ConfigError(f"option bench.sizes must be a non-empty list of forest sizes, got {b.sizes!r}")
-        for k, size in enumerate(b.sizes):
-            parse_int(size, f"bench.sizes[{k}]", minimum=1)
-        for key in ("window", "queries"):
-            parse_int(b[key], f"bench.{key}", minimum=1)
-        parse_int(b.seed, "bench.seed")
+        sizes = sorted(parse_int(size, f"bench.sizes[{k}]", minimum=1) for k, size in enumerate(b.sizes))
         window = parse_int(b.window, "bench.window", minimum=1)
-        for k, size in enumerate(sorted(int(x) for x in b.sizes)):
-            below = int(sorted(int(x) for x in b.sizes)[k - 1]) if k else 0
+        parse_int(b.queries, "bench.queries", minimum=1)
+        parse_int(b.seed, "bench.seed")
+        for below, size in zip([0, *sizes], sizes):
             if size - below < 2 * window:
                 raise ConfigError(f"option bench.sizes: {size} is less than twice bench.window={window} above "
                                   f"{below} (each size ends with a batched and an online window of that many turns)")

@@ -38,12 +38,10 @@ def test_a_bad_extract_ahead_is_refused_by_name_before_the_memory_is_opened(tmp_
 def test_the_tuned_runtime_table_runs_at_smoke_size_on_tiny_bundles(tmp_path, smoke_data):
     """table=bench_tuned_runtime at smoke size, its three bundles 2-step tiny ones (reranker, tagger, span
     extractor): the every-role-tuned row runs the tagger and the span extractor, with both ingest figures."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    from test_spans import span_run_cfg
     from test_train import tcfg
 
     from arbor_train.export import export
-    from arbor_train.paths import CONF_DIR
     from arbor_train.train import train
     from eval.tables import GENERATED, JOIN, load, run_table
 
@@ -51,13 +49,7 @@ def test_the_tuned_runtime_table_runs_at_smoke_size_on_tiny_bundles(tmp_path, sm
     for role, extra in (("reranker", []), ("tagger", ["task=tagger"])):
         res = train(tcfg(tmp_path / role, smoke_data, "trainer.max_steps=2", *extra))
         bundles[role] = export(res["run_dir"], tmp_path / f"{role}_bundle", log_artifact=False, merged=True)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[
-            "task=extractor_spans", "model=tiny_encoder", "logger=csv", f"data.train_dir={smoke_data}",
-            f"data.val_dir={smoke_data}", f"run_dir={tmp_path / 'spans'}", "trainer.enable_progress_bar=false",
-            "trainer.max_steps=2", "task.compare_baselines=false", "data.max_train_examples=20",
-            "data.max_val_examples=4", "data.mix=[]"])
-    train(OmegaConf.to_container(cfg, resolve=True))
+    train(span_run_cfg(tmp_path / "spans", smoke_data, steps=2, train_rows=20, val_rows=4))
     bundles["extractor"] = export(str(tmp_path / "spans"), str(tmp_path / "spans_bundle"))
 
     t = load("bench_tuned_runtime")

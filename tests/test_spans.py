@@ -95,6 +95,17 @@ def test_labels_out_of_order_or_missing_a_channel_are_refused():
         SpanCodec(labels, codec.vocab)
 
 
+def span_run_cfg(run_dir, data, steps: int, train_rows: int, val_rows: int) -> dict:
+    """A short span-layout run on the tiny encoder over the smoke set (no LoCoMo mix)."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[
+            "task=extractor_spans", "model=tiny_encoder", "logger=csv", f"data.train_dir={data}",
+            f"data.val_dir={data}", f"run_dir={run_dir}", "trainer.enable_progress_bar=false",
+            f"trainer.max_steps={steps}", "task.compare_baselines=false", f"data.max_train_examples={train_rows}",
+            f"data.max_val_examples={val_rows}", "data.mix=[]"])
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
 def test_trained_span_bundle_plugs_into_the_runtime_as_one_extractor_for_every_kind(tmp_path, smoke_data):
     """A short run of the span layout on the tiny encoder, exported, loaded by the runtime: one forward pass per
     batch of turns answers every kind, through the runtime's validation; a damaged manifest is refused by name."""
@@ -104,15 +115,9 @@ def test_trained_span_bundle_plugs_into_the_runtime_as_one_extractor_for_every_k
     from arbor_train.runtime.extract import KINDS, ExtractorSet, SpanExtractor, TurnInput
     from arbor_train.train import train
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[
-            "task=extractor_spans", "model=tiny_encoder", "logger=csv", f"data.train_dir={smoke_data}",
-            f"data.val_dir={smoke_data}", f"run_dir={tmp_path / 'run'}", "trainer.enable_progress_bar=false",
-            "trainer.max_steps=3", "task.compare_baselines=false", "data.max_train_examples=40",
-            "data.max_val_examples=12", "data.mix=[]"])
-    c = OmegaConf.to_container(cfg, resolve=True)
+    c = span_run_cfg(tmp_path / "run", smoke_data, steps=3, train_rows=40, val_rows=12)
     assert roles.get("extractor").bundle_kind("encoder") == "encoder_spans"
-    train(cfg)
+    train(c)
     metrics = json.loads((tmp_path / "run" / "final" / "metrics.json").read_text())["metrics"]
     assert metrics["decoded"] == 12 and {"rouge_l", "entity_f1", "fact_f1", "slot_value_f1"} <= set(metrics)
     out = export(str(tmp_path / "run"), str(tmp_path / "bundle"))
