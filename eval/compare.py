@@ -1,6 +1,6 @@
 """One command, one table: run a set of evaluation configurations in-process and print the merged table.
 
-    python -m eval.compare table=<name> [overrides] [--out DIR]   # a published table, by name (conf/table/)
+    python -m eval.compare table=<name> [overrides] [--out DIR] [--resume]   # a published table, by name (conf/table/)
 
     python -m eval.compare methods   [eval overrides...]   # arbormem, full_context, bm25, dense, fact_store
     python -m eval.compare ablations [eval overrides...]   # full and each component removed alone
@@ -67,8 +67,11 @@ def table_main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="python -m eval.compare table=<name>")
     ap.add_argument("overrides", nargs="*", help="added to every row (Hydra syntax), e.g. max_sessions=2")
     ap.add_argument("--out", default=None, help="output folder (default docs/results/generated/<name>)")
+    ap.add_argument("--resume", action="store_true",
+                    help="finish an interrupted run of the same command: keep the stages it finished (tables whose "
+                         "module runs fingerprinted stages, e.g. locomo_cv; the code must be the same commit)")
     a = ap.parse_intermixed_args(argv[1:])
-    run_table(argv[0].split("=", 1)[1], a.overrides, a.out)
+    run_table(argv[0].split("=", 1)[1], a.overrides, a.out, resume=a.resume)
 
 
 def main() -> None:

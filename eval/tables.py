@@ -18,6 +18,8 @@ A table config names what the table is made of, so nobody stitches commands toge
     rows: {label: [overrides]} the rows, in order
     out_option: run_dir        (module) the entry point's output-folder option, pointed at the table's runs folder
                                (null: it has none)
+    resumable: false           (module) its entry point runs fingerprinted stages (eval.pipeline.run_stages), so
+                               `--resume` may keep an interrupted run's finished stages
     markdown_from: key         (module) the module's own markdown in its result, published instead of the
                                columns' table (a module with several tables: eval.locomo_cv)
     columns: [result keys]     what the table shows of each run's results.json: a key, a dotted path into it
@@ -290,8 +292,13 @@ def publish(name: str, table_md: str) -> list[Path]:
     return changed
 
 
-def run_table(name: str, overrides: list[str], out: str | Path | None = None) -> dict:
+def run_table(name: str, overrides: list[str], out: str | Path | None = None, resume: bool = False) -> dict:
+    """One run of the table: its rows afresh, or with `resume` (tables whose module runs fingerprinted stages,
+    `resumable: true`) the stages an interrupted run of the same command finished are kept and skipped."""
     t = load(name)
+    if resume and not t.get("resumable"):
+        raise ConfigError(f"option --resume: table={name} cannot resume (its runs are not fingerprinted stages; "
+                          f"resumable tables: {', '.join(n for n in names() if load(n).get('resumable')) or 'none'})")
     missing = missing_inputs(t, overrides)
     if missing:
         raise MissingInputError(f"table={name} needs {', '.join(n['path'] for n in missing)}; make "
@@ -307,7 +314,8 @@ def run_table(name: str, overrides: list[str], out: str | Path | None = None) ->
         import shutil
 
         runs = REPO_ROOT / "outputs" / "tables" / name if out.resolve().is_relative_to(GENERATED.resolve()) else out / "runs"
-        shutil.rmtree(runs, ignore_errors=True)  # the table is this run's rows only
+        if not resume:
+            shutil.rmtree(runs, ignore_errors=True)  # the table is this run's rows only
         if t["kind"] == "module":
             rows, found, own_md = run_module(t, overrides, runs)
             pics = []
@@ -327,7 +335,7 @@ def run_table(name: str, overrides: list[str], out: str | Path | None = None) ->
     (out / "results.json").write_text(json.dumps(rows, indent=1, sort_keys=True, default=str) + "\n")
     meta = {"table": name, "title": t["title"], "page": t["page"], "command": command, "commit": commit(),
             "wall_s": round(wall, 1), "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "versions": versions(), "plots": [p.name for p in pics], **extra}
+            "versions": versions(), "plots": [p.name for p in pics], **({"resumed": True} if resume else {}), **extra}
     (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(md)
     print(f"wrote {out} ({wall:.0f} s): table.md, results.json, meta.json" + "".join(f", {p.name}" for p in pics))

@@ -344,3 +344,24 @@ def test_the_main_job_ran_within_its_budget_and_its_headline_says_something():
     by = {r["row"]: r for r in rows}
     assert all(by[r]["diff_ci"][0] > 0 for r in ("bm25", "dense", "untuned"))
     assert by["heuristic"]["diff_ci"][0] < 0 < by["heuristic"]["diff_ci"][1]
+
+
+def test_a_resumed_table_keeps_its_finished_stages_and_only_a_staged_table_resumes(tmp_path, monkeypatch):
+    """`--resume` keeps the runs folder of an interrupted run (eval.locomo_cv skips the stages whose fingerprint
+    matches), records that the run was resumed, and is refused by name for a table whose runs are not stages."""
+    import eval.tables as tables
+
+    seen = []
+    monkeypatch.setattr(tables, "missing_inputs", lambda t, o: [])
+    monkeypatch.setattr(tables, "run_module", lambda t, o, runs: (seen.append((runs / "fold0" / "stage.json").exists())
+                                                                  or ([], [], "table\n")))
+    for resume in (True, False):
+        (tmp_path / "runs" / "fold0").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "runs" / "fold0" / "stage.json").write_text("{}")
+        res = tables.run_table("locomo_cv", [], tmp_path, resume=resume)
+        assert res["meta"].get("resumed", False) is resume
+    assert seen == [True, False]  # kept when resuming, afresh otherwise
+    p = subprocess.run([sys.executable, "-m", "eval.compare", "table=formal_methods", "--resume"],
+                       capture_output=True, text=True, cwd=REPO_ROOT)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "option --resume: table=formal_methods cannot resume" in p.stderr and "locomo_cv" in p.stderr
