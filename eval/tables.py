@@ -318,6 +318,9 @@ def run_table(name: str, overrides: list[str], out: str | Path | None = None, re
             shutil.rmtree(runs, ignore_errors=True)  # the table is this run's rows only
         if t["kind"] == "module":
             rows, found, own_md = run_module(t, overrides, runs)
+            if resume and (runs / "timings.json").exists():  # the stages' own time, the kept ones' included
+                stages = json.loads((runs / "timings.json").read_text())["stages"]
+                extra["stages_wall_s"] = round(sum(s.get("ran_s", s["wall_s"]) for s in stages), 1)
             pics = []
             for p in found:
                 shutil.copy(p, out / p.name)

@@ -351,15 +351,22 @@ def test_a_resumed_table_keeps_its_finished_stages_and_only_a_staged_table_resum
     matches), records that the run was resumed, and is refused by name for a table whose runs are not stages."""
     import eval.tables as tables
 
+    def module(t, o, runs):  # as eval.locomo_cv: the kept stage skipped (its time when it ran), one stage run
+        seen.append((runs / "fold0" / "stage.json").exists())
+        runs.mkdir(parents=True, exist_ok=True)
+        (runs / "timings.json").write_text(json.dumps({"stages": [{"stage": "router_f0", "wall_s": 0.0, "ran_s": 900.0},
+                                                                  {"stage": "eval_f0", "wall_s": 60.5}]}))
+        return [], [], "table\n"
+
     seen = []
     monkeypatch.setattr(tables, "missing_inputs", lambda t, o: [])
-    monkeypatch.setattr(tables, "run_module", lambda t, o, runs: (seen.append((runs / "fold0" / "stage.json").exists())
-                                                                  or ([], [], "table\n")))
+    monkeypatch.setattr(tables, "run_module", module)
     for resume in (True, False):
         (tmp_path / "runs" / "fold0").mkdir(parents=True, exist_ok=True)
         (tmp_path / "runs" / "fold0" / "stage.json").write_text("{}")
         res = tables.run_table("locomo_cv", [], tmp_path, resume=resume)
         assert res["meta"].get("resumed", False) is resume
+        assert res["meta"].get("stages_wall_s") == (960.5 if resume else None)
     assert seen == [True, False]  # kept when resuming, afresh otherwise
     p = subprocess.run([sys.executable, "-m", "eval.compare", "table=formal_methods", "--resume"],
                        capture_output=True, text=True, cwd=REPO_ROOT)
