@@ -69,7 +69,7 @@ def table_main(argv: list[str]) -> None:
     ap.add_argument("--out", default=None, help="output folder (default docs/results/generated/<name>)")
     ap.add_argument("--resume", action="store_true",
                     help="finish an interrupted run of the same command: keep the stages it finished (tables whose "
-                         "module runs fingerprinted stages, e.g. locomo_cv; the code must be the same commit)")
+                         "module runs fingerprinted stages, e.g. locomo_cv; only while the stages' code is unchanged)")
     a = ap.parse_intermixed_args(argv[1:])
     run_table(argv[0].split("=", 1)[1], a.overrides, a.out, resume=a.resume)
 
