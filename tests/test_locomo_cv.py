@@ -561,3 +561,36 @@ def test_the_locomo_page_says_what_its_answers_table_holds():
              for line in (gen / "table.md").read_text().splitlines() if line.startswith("| tuned |")}
     assert all(a > max(b, h) for a, b, h in zip(cells[("tuned", "localized")], cells[("tuned", "bm25")],
                                                 cells[("tuned", "hybrid")]))
+
+
+def test_the_locomo_page_and_readme_state_the_cross_validation_leads():
+    """The leads docs/results/locomo_cv.md and the README's limitation state (over BM25, the hybrid baseline, BM25
+    with written-out dates, and the ablation of state localization, at 1,024 and 2,048 tokens) are the generated
+    table's, and "no fold below BM25" holds in its per-fold answer-token recall."""
+    from arbor_train.paths import REPO_ROOT
+
+    gen = REPO_ROOT / "docs" / "results" / "generated" / "locomo_cv"
+    atr = {(r["row"], r["budget"]): r["answer_token_recall"] for r in json.loads((gen / "results.json").read_text())}
+
+    def lead(other, b):
+        return f"{atr[('localized', b)] - atr[(other, b)]:.3f}"
+
+    page = (REPO_ROOT / "docs" / "results" / "locomo_cv.md").read_text()
+    readme = (REPO_ROOT / "README.md").read_text()
+    bm25, hyb = [lead("bm25", b) for b in (1024, 2048)], [lead("hybrid", b) for b in (1024, 2048)]
+    dates = [lead("bm25_dates", b) for b in (1024, 2048)]
+    abl = [lead("localized without state_localization", b) for b in (1024, 2048)]
+    assert f"leads BM25 by {bm25[0]} / {bm25[1]} answer-token recall at 1,024 / 2,048 tokens" in " ".join(page.split())
+    assert f"and the hybrid baseline by {hyb[0]} / {hyb[1]}" in " ".join(page.split())
+    assert f"ahead of it by {dates[0]} at 1,024 and {dates[1]} at 2,048" in " ".join(page.split())
+    assert f"Removing state localization costs {abl[0]} answer-token recall at 1,024 tokens and {abl[1]} at 2,048" in " ".join(page.split())
+    flat = " ".join(readme.split())
+    assert f"leads BM25 by {bm25[0]} / {bm25[1]} answer-token recall at 1,024 / 2,048 tokens" in flat
+    assert f"BM25 with the same dates is {dates[0]} / {dates[1]} behind" in flat
+    assert f"removing state localization costs {abl[0]} / {abl[1]}" in flat
+    # "no fold below BM25": the per-fold answer-token recall section of the generated table
+    text = (gen / "table.md").read_text().split("Per fold, answer token recall:")[1].split("Question localization")[0]
+    cells = {(line.split("|")[1].strip(), line.split("|")[2].strip()): [float(x) for x in line.split("|")[4:-1]]
+             for line in text.splitlines() if line.startswith("| ") and not line.startswith("| row")}
+    for b in ("1024", "2048"):
+        assert all(a >= c for a, c in zip(cells[("localized", b)], cells[("bm25", b)])), b
