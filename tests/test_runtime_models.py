@@ -286,6 +286,25 @@ def test_minilm_profile_scores_candidates_with_its_untuned_cross_encoder(tmp_pat
         ArborMemory.open(tmp_path / "m.sqlite", "c", default_config())  # built with MiniLM, opened with hashing
 
 
+def test_cross_encoder_precision_option_sets_the_weights_and_keeps_the_scores_near_float32():
+    """runtime.reranker.<kind>.quantize: null keeps float32, int8 swaps in dynamic int8 Linear layers, bf16 casts
+    the weights; bf16's sigmoid scores stay within 0.01 of float32's on real MiniLM pairs, and keep their order
+    when float32's scores are apart. Any other value is refused by the option's name before a model loads."""
+    from arbor_train.errors import ConfigError
+
+    q = "What is Alice's budget for the Lisbon trip?"
+    got = {p: CrossEncoderReranker.from_base(MINILM, max_length=64, quantize=p) for p in (None, "int8", "bf16")}
+    assert next(got[None].model.parameters()).dtype == torch.float32
+    assert next(got["bf16"].model.parameters()).dtype == torch.bfloat16
+    assert any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in got["int8"].model.modules())
+    scores = {p: r.score(q, cands()) for p, r in got.items()}
+    assert scores["bf16"] == pytest.approx(scores[None], abs=0.01)
+    if abs(scores[None][0] - scores[None][1]) > 0.02:
+        assert (scores["bf16"][0] > scores["bf16"][1]) == (scores[None][0] > scores[None][1])
+    with pytest.raises(ConfigError, match=r"reranker\.cross_encoder_untuned\.quantize must be null, int8 or bf16"):
+        build_reranker({"kind": "cross_encoder_untuned", "cross_encoder_untuned": {"model": MINILM, "quantize": "fp8"}})
+
+
 @pytest.mark.slow
 def test_prompted_smollm2_reranker_real_model(tmp_path, turns):
     from arbor_train.runtime import default_config

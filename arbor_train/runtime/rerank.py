@@ -294,13 +294,11 @@ class CrossEncoderReranker:
 
         from ..modelref import resolve
 
+        check_precision(quantize, "reranker.cross_encoder_untuned.quantize")  # before a model loads
         torch.manual_seed(seed)
         path = resolve(model)
-        m = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
-        if quantize == "int8":
-            from .embed import quantize_int8
-
-            m = quantize_int8(m)
+        m = cross_encoder_precision(AutoModelForSequenceClassification.from_pretrained(path, num_labels=1),
+                                    quantize, "reranker.cross_encoder_untuned.quantize")
         r = cls(m, AutoTokenizer.from_pretrained(path), max_length, name=f"untuned:{model}")
         r.cache_ns = f"untuned:{path}:{quantize}:{seed}"
         return r
@@ -343,18 +341,46 @@ class CrossEncoderReranker:
         return torch.sigmoid(logits).tolist()
 
 
+CROSS_ENCODER_PRECISIONS = (None, "none", "int8", "bf16")
+
+
+def check_precision(quantize: str | None, option: str) -> None:
+    if quantize not in CROSS_ENCODER_PRECISIONS:
+        raise ConfigError(f"runtime option {option} must be null, int8 or bf16, got {quantize!r}")
+
+
+def cross_encoder_precision(model, quantize: str | None, option: str):
+    """The cross-encoder's weights at the precision a runtime option asks for.
+
+    null: float32. int8: torch dynamic int8 Linear layers (fbgemm/x86 kernels, any x86 CPU).
+    bf16: bfloat16 weights and activations; on a CPU with AMX or AVX512-BF16 (oneDNN kernels) it is
+    the fastest of the three, and its scores stay closer to float32's than int8's do
+    (docs/results/benchmarks.md); on a CPU without them it falls back to slow paths, so keep int8 there.
+    """
+    check_precision(quantize, option)
+    if quantize == "int8":
+        from .embed import quantize_int8
+
+        return quantize_int8(model)
+    if quantize == "bf16":
+        import torch
+
+        return model.to(torch.bfloat16)
+    return model
+
+
 def load_bundle_reranker(path: str, base_override: str | None = None, quantize: str | None = None,
                          base_model: str | None = None) -> Reranker:
     from .bundle import load_bundle
     from .llm import HFCausalLM
 
+    check_precision(quantize, "reranker.bundle.quantize")  # before a model loads
     b = load_bundle(path, role="reranker", base_model=base_model)
     model, tok = b.load_model(base_override=base_override)
     if b.kind == "cross_encoder":
-        if quantize == "int8":
-            from .embed import quantize_int8
-
-            model = quantize_int8(model.merge_and_unload() if hasattr(model, "merge_and_unload") else model)
+        if quantize not in (None, "none"):
+            model = model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
+        model = cross_encoder_precision(model, quantize, "reranker.bundle.quantize")
         head = PairHead.load(b.manifest["pair_head"], str(b.path / "manifest.json")) if b.manifest.get("pair_head") else None
         r: Reranker = CrossEncoderReranker(model, tok, int(b.manifest.get("max_length", 128)), name=f"bundle:{path}",
                                            head=head)
