@@ -220,7 +220,7 @@ def test_a_forget_that_cannot_checkpoint_the_wal_says_so_and_exits_non_zero(memo
 
 
 # ---------------------------------------------------------------------- fuzz: damaged files, concurrent forgets
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 DAMAGE_STATS: dict[str, int] = {}
@@ -311,11 +311,33 @@ def damage_body(d: dict, base: Path, work: Path) -> None:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(d=DAMAGE)
+# found by CI's run of this test: one byte 0x80 in a page whose text SQLite quotes in its error message, which the
+# driver then failed to decode (a UnicodeDecodeError from opening the file, and from a read's fact search)
+@example(d={"target": "database", "offset": 116552, "length": 1, "fill": 128, "truncate": False, "op": "ask"})
+@example(d={"target": "database", "offset": 116543, "length": 1, "fill": 128, "truncate": False, "op": "ask"})
+@example(d={"target": "database", "offset": 116552, "length": 1, "fill": 128, "truncate": False,
+            "op": "concurrent-forgets"})
 def test_damaged_files_end_in_a_clear_error_or_success_never_a_crash(d, damage_base):
     """Damaged index, checksum and database bytes (overwritten or truncated), an index folder that is a file,
     under every command, and two processes forgetting at once: each ends in success or a UserError (an `error:` line, exit 2), never another
     exception or a crash, and a refused command leaves the database's bytes as they were."""
     damage_body(d, damage_base, damage_base / "work")
+
+
+def test_a_damaged_byte_that_sqlite_quotes_undecodable_is_an_error_line(memory):
+    """One byte 0x80 inside a table name in the schema: SQLite's "malformed schema" message then quotes bytes that
+    are not UTF-8, and the driver raised UnicodeDecodeError. Every command ends in an error line naming the file,
+    and the file is left as it was."""
+    data = bytearray(memory.read_bytes())
+    at = data.find(b"fact_fts")
+    assert at > 0
+    data[at + 2] = 0x80
+    memory.write_bytes(bytes(data))
+    for args in (["command=ask", "question=What is the hotel budget of Maria?"], ["command=show"],
+                 ["command=forget", "entity=Bob", "force=true"]):
+        with pytest.raises(UserError, match=r"m\.sqlite.*not valid UTF-8.*damaged page"):
+            run(make_cfg(*args, f"memory={memory}"))
+        assert memory.read_bytes() == bytes(data), args
 
 
 def _forget_in_child(mem: str, entity: str, out) -> None:

@@ -125,6 +125,15 @@ DERIVED_TABLES = ("facts", "records", "artifacts", "events")
 DERIVED_FTS = {base: fts for fts, base in FTS_TABLES.items() if base in DERIVED_TABLES}  # table -> its FTS5 table
 
 
+def damage_text(e: BaseException) -> str:
+    """What SQLite said, for an error line. A damaged page can put invalid UTF-8 into SQLite's own error
+    message (a schema name, an FTS5 token), which the driver then fails to decode: that is said plainly."""
+    if isinstance(e, UnicodeDecodeError):
+        return (f"an error whose text is not valid UTF-8 ({e.reason} at byte {e.start}), which a damaged page "
+                "of the file causes")
+    return str(e)
+
+
 class MemoryBusy(UserError):
     """Another process holds the memory file's writer lock."""
 
@@ -220,9 +229,9 @@ class Store:
             tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             ours = "meta" in tables and self.db.execute(
                 "SELECT 1 FROM meta WHERE key='schema_version'").fetchone() is not None
-        except sqlite3.DatabaseError as e:
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as e:  # the latter: an error message quoting damaged bytes
             self.db.close()
-            raise InputError(f"memory={self.path!r} is not an ArborMem memory (SQLite says: {e}); "
+            raise InputError(f"memory={self.path!r} is not an ArborMem memory (SQLite says: {damage_text(e)}); "
                              "it was left as it is") from None
         if tables and not ours:
             self.db.close()
@@ -241,9 +250,9 @@ class Store:
             return
         try:
             self.db.execute("PRAGMA journal_mode=WAL")
-        except sqlite3.DatabaseError as e:
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
             self.db.close()
-            raise InputError(f"memory={self.path!r} is not an ArborMem memory (SQLite says: {e})") from None
+            raise InputError(f"memory={self.path!r} is not an ArborMem memory (SQLite says: {damage_text(e)})") from None
         self.db.execute(f"PRAGMA synchronous={synchronous}")
         self.db.execute("PRAGMA foreign_keys=ON")
         self.db.execute("PRAGMA secure_delete=ON")  # freed pages are zeroed: deleted text leaves the file
@@ -464,8 +473,8 @@ class Store:
             for fts, base in FTS_TABLES.items():
                 try:
                     self.db.execute(f"INSERT INTO {fts}({fts}) VALUES('integrity-check')")
-                except sqlite3.DatabaseError as e:
-                    bad.append(f"{fts}: {e}")
+                except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
+                    bad.append(f"{fts}: {damage_text(e)}")
                 where = " WHERE parent_id IS NULL" if fts == "root_fts" else ""
                 want = {int(i): conv_token(c).strip('"') for i, c in
                         self.db.execute(f"SELECT id, conversation_id FROM {base}{where}")}
