@@ -425,15 +425,13 @@ def run(cfg: DictConfig) -> dict:
         raise ConfigError(f"option command: {got}; valid values: {', '.join(COMMANDS)}")
     from .layers import check_layers
 
-    from .store import damage_text
-    from .store import sqlite3 as store_sqlite3  # the SQLite the store uses (pysqlite3 where installed)
+    from .store import SQLITE_ERRORS, damage_text
 
     check_layers(OmegaConf.to_container(cfg.runtime.context, resolve=True))  # before any file is touched
     try:
         return HANDLERS[command](cfg)
-    except (store_sqlite3.DatabaseError, UnicodeDecodeError) as e:  # full disk, damaged pages, a locked or
-        # read-only file; UnicodeDecodeError: SQLite's message quoting a damaged page's bytes (input files that
-        # are not UTF-8 are refused where they are read)
+    except SQLITE_ERRORS as e:  # full disk, damaged pages, a locked or read-only file (input files that are not
+        # UTF-8 are refused where they are read)
         raise InputError(f"memory={str(_opt(cfg, 'memory'))!r}: SQLite says: {damage_text(e)}. Nothing of the "
                          "failed step was stored (each turn and each forget is one transaction)") from None
     except OSError as e:

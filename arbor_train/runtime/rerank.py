@@ -297,8 +297,7 @@ class CrossEncoderReranker:
         check_precision(quantize, "reranker.cross_encoder_untuned.quantize")  # before a model loads
         torch.manual_seed(seed)
         path = resolve(model)
-        m = cross_encoder_precision(AutoModelForSequenceClassification.from_pretrained(path, num_labels=1),
-                                    quantize, "reranker.cross_encoder_untuned.quantize")
+        m = cross_encoder_precision(AutoModelForSequenceClassification.from_pretrained(path, num_labels=1), quantize)
         r = cls(m, AutoTokenizer.from_pretrained(path), max_length, name=f"untuned:{model}")
         r.cache_ns = f"untuned:{path}:{quantize}:{seed}"
         return r
@@ -349,15 +348,15 @@ def check_precision(quantize: str | None, option: str) -> None:
         raise ConfigError(f"runtime option {option} must be null, int8 or bf16, got {quantize!r}")
 
 
-def cross_encoder_precision(model, quantize: str | None, option: str):
+def cross_encoder_precision(model, quantize: str | None):
     """The cross-encoder's weights at the precision a runtime option asks for.
 
     null: float32. int8: torch dynamic int8 Linear layers (fbgemm/x86 kernels, any x86 CPU).
     bf16: bfloat16 weights and activations; on a CPU with AMX or AVX512-BF16 (oneDNN kernels) it is
     the fastest of the three, and its scores stay closer to float32's than int8's do
     (docs/results/benchmarks.md); on a CPU without them it falls back to slow paths, so keep int8 there.
+    `quantize` was checked (check_precision) before the model loaded.
     """
-    check_precision(quantize, option)
     if quantize == "int8":
         from .embed import quantize_int8
 
@@ -380,7 +379,7 @@ def load_bundle_reranker(path: str, base_override: str | None = None, quantize: 
     if b.kind == "cross_encoder":
         if quantize not in (None, "none"):
             model = model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
-        model = cross_encoder_precision(model, quantize, "reranker.bundle.quantize")
+        model = cross_encoder_precision(model, quantize)
         head = PairHead.load(b.manifest["pair_head"], str(b.path / "manifest.json")) if b.manifest.get("pair_head") else None
         r: Reranker = CrossEncoderReranker(model, tok, int(b.manifest.get("max_length", 128)), name=f"bundle:{path}",
                                            head=head)

@@ -125,6 +125,11 @@ DERIVED_TABLES = ("facts", "records", "artifacts", "events")
 DERIVED_FTS = {base: fts for fts, base in FTS_TABLES.items() if base in DERIVED_TABLES}  # table -> its FTS5 table
 
 
+# what a damaged or unusable file raises from SQLite: its errors, and UnicodeDecodeError when the driver cannot
+# decode an error message that quotes a damaged page's bytes (a schema name, an FTS5 token)
+SQLITE_ERRORS = (sqlite3.DatabaseError, UnicodeDecodeError)
+
+
 def damage_text(e: BaseException) -> str:
     """What SQLite said, for an error line. A damaged page can put invalid UTF-8 into SQLite's own error
     message (a schema name, an FTS5 token), which the driver then fails to decode: that is said plainly."""
@@ -229,7 +234,7 @@ class Store:
             tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             ours = "meta" in tables and self.db.execute(
                 "SELECT 1 FROM meta WHERE key='schema_version'").fetchone() is not None
-        except (sqlite3.DatabaseError, UnicodeDecodeError) as e:  # the latter: an error message quoting damaged bytes
+        except SQLITE_ERRORS as e:
             self.db.close()
             raise InputError(f"memory={self.path!r} is not an ArborMem memory (SQLite says: {damage_text(e)}); "
                              "it was left as it is") from None
@@ -250,7 +255,7 @@ class Store:
             return
         try:
             self.db.execute("PRAGMA journal_mode=WAL")
-        except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
+        except SQLITE_ERRORS as e:
             self.db.close()
             raise InputError(f"memory={self.path!r} is not an ArborMem memory (SQLite says: {damage_text(e)})") from None
         self.db.execute(f"PRAGMA synchronous={synchronous}")
@@ -473,7 +478,7 @@ class Store:
             for fts, base in FTS_TABLES.items():
                 try:
                     self.db.execute(f"INSERT INTO {fts}({fts}) VALUES('integrity-check')")
-                except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
+                except SQLITE_ERRORS as e:
                     bad.append(f"{fts}: {damage_text(e)}")
                 where = " WHERE parent_id IS NULL" if fts == "root_fts" else ""
                 want = {int(i): conv_token(c).strip('"') for i, c in
